@@ -1,0 +1,3 @@
+from dspark_cli.cli import main
+
+main()

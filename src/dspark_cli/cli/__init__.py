@@ -1,0 +1,43 @@
+"""The `dspark` Typer app. Command modules import only typer here; heavy imports live inside commands."""
+
+import typer
+
+from dspark_cli import __version__
+from dspark_cli.cli import render
+
+app = typer.Typer(
+    name="dspark",
+    help="Validate, quantize, run, profile and train DSpark speculative-decoding drafts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dspark {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and debug detail on errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    render.state.verbose = verbose
+
+
+def _register() -> None:
+    from dspark_cli.cli import bench, generate, quantize, train, validate
+
+    for module in (validate, quantize, generate, bench, train):
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()

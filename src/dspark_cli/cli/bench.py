@@ -1,0 +1,7 @@
+"""`dspark bench` (being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this command to the app (filled in by the bench issue)."""

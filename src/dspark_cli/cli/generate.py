@@ -1,0 +1,7 @@
+"""`dspark generate` (being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this command to the app (filled in by the generate issue)."""

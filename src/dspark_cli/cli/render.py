@@ -1,0 +1,68 @@
+"""Shared CLI output: rich consoles, JSON emission, and the error → exit-code mapping."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@dataclass
+class State:
+    verbose: bool = False
+
+
+state = State()
+
+
+def handle_errors(command: Callable) -> Callable:
+    """Turn DsparkError into one sentence on stderr and its exit code; Ctrl-C into exit 130."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except DsparkError as error:
+            if state.verbose:
+                err_console.print(traceback.format_exc(), markup=False, highlight=False)
+            err_console.print(f"[bold red]error:[/] {error.message}", highlight=False)
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]: nothing was written")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    return wrapper
+
+
+def emit_json(document: Any, path: Path | str | None = None) -> None:
+    """Write `document` as JSON to stdout (path None or '-') or atomically to a file."""
+    text = json.dumps(document, indent=2, default=_json_default) + "\n"
+    if path is None or str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from dspark_cli.runtime.files import atomic_write_text
+
+    atomic_write_text(Path(path), text)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")

@@ -1,0 +1,18 @@
+"""User-facing errors: one sentence, a documented exit code, no traceback unless --verbose."""
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # validate found errors (or warnings with --strict)
+EXIT_BAD_INPUT = 2  # an input could not be read or is unusable
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class DsparkError(Exception):
+    """An error caused by the user's input or environment, printed as one sentence.
+
+    `message` says what is wrong, naming the file or key, and what to do about it.
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code

@@ -1,0 +1,310 @@
+"""Checkpoints on disk or on the Hugging Face Hub: config.json, safetensors headers, selected tensors.
+
+Opening a checkpoint reads only config.json and the safetensors headers (the 8-byte length plus the JSON that
+follows); tensor data is read only by `load_tensor`, one tensor at a time. Nothing here imports torch at module
+level, so `dspark validate` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import DsparkError
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+# safetensors dtype string -> bytes per element
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class CheckpointError(DsparkError):
+    """The checkpoint could not be read (exit code 2); `code` is the stable validate code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as declared by a safetensors header."""
+
+    name: str
+    dtype: str  # safetensors dtype string, e.g. "BF16"
+    shape: tuple[int, ...]
+    file: str  # shard file name, relative to the checkpoint folder
+    begin: int  # absolute byte offsets in the file
+    end: int
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+
+@dataclass
+class Checkpoint:
+    """A draft (or target) checkpoint: its config and the tensors its safetensors files declare."""
+
+    source: str  # what the user passed
+    local_dir: Path | None  # the folder on disk; None for a hub checkpoint read remotely
+    repo_id: str | None = None
+    revision: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)  # every file in the checkpoint, relative names
+    index: dict[str, Any] | None = None  # model.safetensors.index.json, when sharded
+    shards: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)  # file -> name -> info
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every tensor by name; where a name is in two shards, the later shard wins (rules report it)."""
+        merged: dict[str, TensorInfo] = {}
+        for infos in self.shards.values():
+            merged.update(infos)
+        return merged
+
+    @property
+    def pickle_files(self) -> list[str]:
+        return [name for name in self.files if name.endswith(PICKLE_SUFFIXES)]
+
+    def file_path(self, name: str) -> Path:
+        """Local path of a checkpoint file, downloading it first for a hub checkpoint."""
+        if self.local_dir is not None:
+            return self.local_dir / name
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(self.repo_id, name, revision=self.revision))
+
+    def load_tensor(self, name: str, device: str = "cpu"):
+        """Load one tensor (torch) by name, reading only its bytes."""
+        from safetensors import safe_open
+
+        info = self.tensors.get(name)
+        if info is None:
+            raise DsparkError(f"{self.source} has no tensor named {name!r}.")
+        with safe_open(str(self.file_path(info.file)), framework="pt", device=device) as handle:
+            return handle.get_tensor(name)
+
+
+def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> Checkpoint:
+    """Read config.json and every safetensors header of a local folder or hub id (no tensor data)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _open_local(str(source), path)
+    if path.exists():
+        raise CheckpointError("DSP500", f"{source} is a file; pass the checkpoint folder that holds config.json.")
+    if HUB_ID.match(str(source)) and not str(source).startswith((".", "/", "~")):
+        return _open_hub(str(source), revision)
+    raise CheckpointError(
+        "DSP500", f"{source} is neither a folder nor a Hugging Face hub id (owner/name); check the path."
+    )
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointError("DSP501", f"{path} is missing; a checkpoint folder needs its {what}.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError("DSP501", f"{path} could not be read ({error}); check the file.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(
+            "DSP502", f"{path} is not valid JSON (line {error.lineno}: {error.msg}); re-download or fix the file."
+        ) from None
+
+
+def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[str, TensorInfo]:
+    """Parse and check one safetensors header: JSON, known dtypes, sizes that match shapes, in-file, no overlap."""
+    file_name = file_name or path.name
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError("DSP503", f"{path} is too short to be a safetensors file; re-download it.")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise CheckpointError(
+                    "DSP503",
+                    f"{path} declares a {header_len}-byte header but the file has {size} bytes; "
+                    "the file is truncated or not safetensors, re-download it.",
+                )
+            raw = handle.read(header_len)
+    except OSError as error:
+        raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError("DSP503", f"{path} has a safetensors header that is not valid JSON; re-download it.") from None
+    if not isinstance(header, dict):
+        raise CheckpointError("DSP503", f"{path} has a safetensors header that is not a JSON object; re-download it.")
+    return _tensor_infos(header, path, file_name, data_start=8 + header_len, size=size)
+
+
+def _tensor_infos(header: dict, path: Path, file_name: str, data_start: int, size: int) -> dict[str, TensorInfo]:
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        infos[name] = _tensor_info(name, entry, path, file_name, data_start, size)
+    spans = sorted((info.begin, info.end, name) for name, info in infos.items() if info.end > info.begin)
+    for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise CheckpointError(
+                "DSP505", f"{path}: tensors {name_a!r} and {name_b!r} overlap in the data section; the file is corrupt."
+            )
+    return infos
+
+
+def _tensor_info(name: str, entry: Any, path: Path, file_name: str, data_start: int, size: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise CheckpointError("DSP503", f"{path}: header entry {name!r} is not an object; the file is corrupt.")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+        raise CheckpointError(
+            "DSP504", f"{path}: tensor {name!r} has unknown dtype {dtype!r}; dspark and vLLM cannot load it."
+        )
+    if not _is_int_list(shape) or any(dim < 0 for dim in shape):
+        raise CheckpointError("DSP503", f"{path}: tensor {name!r} has an invalid shape {shape!r}; the file is corrupt.")
+    if not _is_int_list(offsets) or len(offsets) != 2 or not 0 <= offsets[0] <= offsets[1]:
+        raise CheckpointError(
+            "DSP503", f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}; the file is corrupt."
+        )
+    info = TensorInfo(name, dtype, tuple(shape), file_name, data_start + offsets[0], data_start + offsets[1])
+    if info.nbytes != info.numel * DTYPE_BYTES[dtype]:
+        raise CheckpointError(
+            "DSP503",
+            f"{path}: tensor {name!r} spans {info.nbytes} bytes but {dtype}{list(shape)} needs "
+            f"{info.numel * DTYPE_BYTES[dtype]}; the file is corrupt.",
+        )
+    if info.end > size:
+        raise CheckpointError(
+            "DSP506",
+            f"{path}: tensor {name!r} ends at byte {info.end} but the file has {size} bytes; "
+            "the download is truncated, re-download it.",
+        )
+    return info
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _open_local(source: str, root: Path) -> Checkpoint:
+    ckpt = Checkpoint(source=source, local_dir=root)
+    ckpt.files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    ckpt.config = _config_object(read_json(root / CONFIG_FILE, "config.json"), root / CONFIG_FILE)
+    for name in _weight_files(ckpt, root):
+        ckpt.shards[name] = read_safetensors_header(root / name, name)
+    return ckpt
+
+
+def _config_object(config: Any, path: Path | str) -> dict:
+    if not isinstance(config, dict):
+        raise CheckpointError("DSP502", f"{path} must hold a JSON object; re-download or fix the file.")
+    return config
+
+
+def _weight_files(ckpt: Checkpoint, root: Path) -> list[str]:
+    """Shard names from the index (checked to stay inside the folder), else model.safetensors, else *.safetensors."""
+    index_path = root / INDEX_FILE
+    if index_path.exists():
+        ckpt.index = read_json(index_path, INDEX_FILE)
+        return _index_shards(ckpt.index, index_path, root)
+    if (root / SINGLE_FILE).exists():
+        return [SINGLE_FILE]
+    found = sorted(name for name in ckpt.files if name.endswith(".safetensors"))
+    if not found:
+        hint = " (only pickle weights were found; dspark never loads them, convert them to safetensors)" if (
+            ckpt.pickle_files
+        ) else ""
+        raise CheckpointError("DSP507", f"{root} has no .safetensors weights{hint}.")
+    return found
+
+
+def _index_shards(index: Any, index_path: Path, root: Path) -> list[str]:
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError("DSP508", f"{index_path} has no valid 'weight_map' object; re-download the index.")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        target = (root / name).resolve()
+        if Path(name).is_absolute() or ".." in Path(name).parts or root.resolve() not in target.parents:
+            raise CheckpointError(
+                "DSP509", f"{index_path} names shard {name!r} outside the checkpoint folder; refusing to read it."
+            )
+        if not target.is_file():
+            raise CheckpointError(
+                "DSP510", f"{index_path} names shard {name!r}, which is missing; the download is incomplete."
+            )
+    return shards
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _open_hub(repo_id: str, revision: str | None) -> Checkpoint:
+    """Hub checkpoint: headers are read remotely (safetensors metadata API); offline, from the local cache."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        if _hub_offline():
+            folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+            ckpt = _open_local(repo_id, folder)
+            ckpt.repo_id, ckpt.revision = repo_id, revision
+            return ckpt
+        ckpt = Checkpoint(source=repo_id, local_dir=None, repo_id=repo_id, revision=revision)
+        config_path = Path(hf_hub_download(repo_id, CONFIG_FILE, revision=revision))
+        ckpt.config = _config_object(read_json(config_path, "config.json"), f"{repo_id}/{CONFIG_FILE}")
+        api = HfApi()
+        ckpt.files = sorted(api.list_repo_files(repo_id, revision=revision))
+        meta = api.get_safetensors_metadata(repo_id, revision=revision)
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise CheckpointError(
+            "DSP511", f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "download it first or unset HF_HUB_OFFLINE."
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise CheckpointError(
+            "DSP511", f"{repo_id} could not be read from the Hugging Face Hub ({type(error).__name__}); "
+            "check the id, --revision, your token and the network."
+        ) from None
+    for file_name, file_meta in meta.files_metadata.items():
+        ckpt.shards[file_name] = {
+            name: TensorInfo(name, t.dtype, tuple(t.shape), file_name, t.data_offsets[0], t.data_offsets[1])
+            for name, t in file_meta.tensors.items()
+        }
+    if meta.sharded:
+        ckpt.index = {"weight_map": dict(meta.weight_map)}
+    return ckpt

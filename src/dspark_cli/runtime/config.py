@@ -1,0 +1,228 @@
+"""DraftConfig: one typed view of a draft's config.json and the order in which vLLM resolves each key.
+
+This is the only place that knows config key names and their resolution order (dspark-format.md §1.1, §2.1).
+Parsing is lenient: a missing or mistyped key becomes None here and `rules.py` reports it; `require_runnable`
+turns the essentials into one clear error for commands that need a working draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dspark_cli.errors import DsparkError
+
+DSPARK_ARCHITECTURES = {"Qwen3DSparkModel", "DSparkDraftModel"}
+DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
+OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel",
+                         "DSparkV41DraftModel"}  # fmt: skip
+
+# Mask-token keys in vLLM's order (get_parallel_drafting_token_id); dflash_config first.
+MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+
+GEOMETRY_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A value and the config key it came from (None when absent everywhere)."""
+
+    value: Any
+    source: str | None
+
+
+@dataclass
+class DraftConfig:
+    raw: dict[str, Any]
+    architecture: str | None
+    kind: str  # "dspark" | "dflash" | "unknown"
+    hidden_size: int | None
+    intermediate_size: int | None
+    num_hidden_layers: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    head_dim: int | None
+    vocab_size: int | None
+    draft_vocab_size: int | None  # output vocab; defaults to vocab_size
+    target_hidden_size: int | None  # width of one captured target feature; defaults to hidden_size
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    max_position_embeddings: int | None
+    hidden_act: str
+    mask_token: Resolved
+    target_layer_ids: Resolved  # 0-based target layers whose outputs are used (HF hidden_states[id + 1])
+    block_size: Resolved
+    markov_rank: int | None  # 0 for a DFlash draft
+    markov_head_type: str | None
+    enable_confidence_head: bool
+    confidence_head_with_markov: bool
+    sample_from_anchor: bool
+    logit_scale: float
+    use_aux_hidden_state: bool
+    num_target_layers: int | None
+    dspark_draft_topk: int | None
+    notes: list[str] = field(default_factory=list)  # how ambiguous keys were read
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.mask_token.value
+
+    @property
+    def layer_ids(self) -> list[int] | None:
+        return self.target_layer_ids.value
+
+    @property
+    def hidden_state_indices(self) -> list[int] | None:
+        """Indices into HF `output_hidden_states` (= vLLM aux ids): layer id + 1."""
+        ids = self.layer_ids
+        return None if ids is None else [i + 1 for i in ids]
+
+    @property
+    def has_markov(self) -> bool:
+        return bool(self.markov_rank)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None and self.draft_vocab_size != self.vocab_size
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "DraftConfig":
+        dflash = _dict(raw.get("dflash_config"))
+        architecture = _architecture(raw)
+        kind = _kind(architecture, raw)
+        hidden = _int(raw.get("hidden_size"))
+        vocab = _int(raw.get("vocab_size"))
+        heads = _int(raw.get("num_attention_heads"))
+        head_dim = _int(raw.get("head_dim"))
+        if head_dim is None and hidden and heads:
+            head_dim = hidden // heads
+        rank = raw.get("markov_rank")
+        markov_rank = _int(rank) if rank is not None else (0 if kind == "dflash" else None)
+        return cls(
+            raw=raw,
+            architecture=architecture,
+            kind=kind,
+            hidden_size=hidden,
+            intermediate_size=_int(raw.get("intermediate_size")),
+            num_hidden_layers=_int(raw.get("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=_int(raw.get("num_key_value_heads", heads)),
+            head_dim=head_dim,
+            vocab_size=vocab,
+            draft_vocab_size=_int(raw.get("draft_vocab_size", vocab)),
+            target_hidden_size=_int(raw.get("target_hidden_size", hidden)),
+            rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
+            rope_theta=_rope_theta(raw),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            max_position_embeddings=_int(raw.get("max_position_embeddings")),
+            hidden_act=str(raw.get("hidden_act", "silu")),
+            mask_token=resolve_mask_token(raw),
+            target_layer_ids=resolve_target_layer_ids(raw),
+            block_size=_first(("block_size", raw), ("dflash_config.block_size", dflash), ("dspark_block_size", raw)),
+            markov_rank=markov_rank,
+            markov_head_type=raw.get("markov_head_type", "vanilla" if markov_rank else None),
+            enable_confidence_head=bool(raw.get("enable_confidence_head", False)),
+            # Newer vLLM defaults to False when the key is missing; DeepSpec always writes it.
+            confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
+            sample_from_anchor=_sample_from_anchor(raw, dflash),
+            logit_scale=float(raw.get("logit_scale") or 1.0),
+            use_aux_hidden_state=bool(dflash.get("use_aux_hidden_state", raw.get("use_aux_hidden_state", True))),
+            num_target_layers=_int(raw.get("num_target_layers")),
+            dspark_draft_topk=_int(raw.get("dspark_draft_topk")),
+        )
+
+    def require_runnable(self, source: str) -> None:
+        """Raise one clear DsparkError if this config lacks what a forward pass needs."""
+        for key in GEOMETRY_KEYS:
+            value = getattr(self, key)
+            if value is None or value <= 0:
+                raise DsparkError(f"{source}: config.json key {key!r} must be a positive integer (got "
+                                  f"{self.raw.get(key)!r}); run `dspark validate {source}` for details.")
+        if self.mask_token_id is None:
+            raise DsparkError(f"{source}: config.json names no mask token (mask_token_id or "
+                              "dflash_config.mask_token_id); the draft cannot fill its query block.")
+        if not self.layer_ids:
+            raise DsparkError(f"{source}: config.json names no target_layer_ids; the draft cannot read the "
+                              "target's hidden states.")
+        if self.markov_rank is None or self.markov_rank < 0:
+            raise DsparkError(f"{source}: config.json key 'markov_rank' must be a non-negative integer.")
+        if self.has_markov and self.markov_head_type != "vanilla":
+            raise DsparkError(f"{source}: markov_head_type {self.markov_head_type!r} is not supported (vLLM and "
+                              "dspark implement only 'vanilla').")
+
+
+def resolve_mask_token(raw: dict[str, Any]) -> Resolved:
+    dflash = _dict(raw.get("dflash_config"))
+    candidates = [(f"dflash_config.{MASK_TOKEN_KEYS[0]}", dflash)] + [(key, raw) for key in MASK_TOKEN_KEYS]
+    return _first(*candidates)
+
+
+def resolve_target_layer_ids(raw: dict[str, Any]) -> Resolved:
+    """0-based target layer ids in vLLM's aux-id order; keys that hold capture ids (id + 1) are shifted back."""
+    dflash = _dict(raw.get("dflash_config"))
+    eagle = _dict(raw.get("eagle_config"))
+    candidates = [
+        ("eagle_aux_hidden_state_layer_ids", raw, -1),
+        ("dflash_config.target_layer_ids", dflash, 0),
+        ("dspark_target_layer_ids", raw, 0),
+        ("target_layer_ids", raw, 0),
+        ("dflash_config.layer_ids", dflash, -1),
+        ("eagle_config.layer_ids", eagle, -1),
+    ]
+    for source, table, shift in candidates:
+        key = source.rsplit(".", 1)[-1]
+        if key in table:
+            value = table[key]
+            if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                return Resolved([v + shift for v in value], source)
+            return Resolved(None, source)  # present but malformed: rules report it
+    return Resolved(None, None)
+
+
+def _first(*candidates: tuple[str, dict]) -> Resolved:
+    for source, table in candidates:
+        key = source.rsplit(".", 1)[-1]
+        if key in table and table[key] is not None:
+            return Resolved(_int(table[key]), source)
+    return Resolved(None, None)
+
+
+def _architecture(raw: dict[str, Any]) -> str | None:
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return None
+
+
+def _kind(architecture: str | None, raw: dict[str, Any]) -> str:
+    if architecture in DFLASH_ARCHITECTURES or raw.get("speculators_model_type") == "dflash":
+        return "dflash"
+    if architecture in DSPARK_ARCHITECTURES or raw.get("speculators_model_type") == "dspark":
+        return "dspark"
+    return "unknown"
+
+
+def _sample_from_anchor(raw: dict[str, Any], dflash: dict[str, Any]) -> bool:
+    if "sample_from_anchor" in raw:
+        return bool(raw["sample_from_anchor"])
+    if "sample_from_anchor" in dflash:
+        return bool(dflash["sample_from_anchor"])
+    if raw.get("dspark_bonus_anchor"):
+        return False
+    return _architecture(raw) not in DFLASH_ARCHITECTURES  # z-lab DFlash uses the 1+N layout
+
+
+def _rope_theta(raw: dict[str, Any]) -> float:
+    params = _dict(raw.get("rope_parameters")) or _dict(raw.get("rope_scaling"))
+    theta = raw.get("rope_theta", params.get("rope_theta"))
+    return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 1e6
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,255 @@
+"""Tiny DSpark checkpoints in DeepSpec's exact format (dspark-format.md §1.1–1.2), and mutations of them.
+
+    spec = DraftSpec()                      # small geometry; every field can be changed
+    path = write_draft(tmp_path / "d", spec)  # config.json + model.safetensors (or shards)
+    path = write_draft(..., mutate=drop("d2t"), edit={"markov_rank": None})
+
+`tiny_target` writes a matching random Qwen3 target with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import save_file
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    vocab_size: int = 256  # draft input vocab (= target vocab normally)
+    draft_vocab_size: int | None = None  # None: same as vocab_size, key not written
+    markov_rank: int = 32  # 0: a DFlash-style draft (no Markov head, no markov keys)
+    target_layer_ids: tuple[int, ...] = (0, 2)
+    target_hidden_size: int | None = None
+    target_layers: int = 4  # depth of the target (num_target_layers)
+    block_size: int = 4
+    mask_token_id: int = 250
+    confidence: bool = True
+    confidence_with_markov: bool = True
+    own_embed: bool = True  # DeepSpec always saves embed_tokens and lm_head
+    own_lm_head: bool = True
+    attention_bias: bool = False
+    sample_from_anchor: bool | None = None  # None: key not written (default True)
+    dtype: torch.dtype = torch.bfloat16
+    seed: int = 0
+    extra_config: dict = field(default_factory=dict)
+
+    @property
+    def vd(self) -> int:
+        return self.draft_vocab_size or self.vocab_size
+
+    def with_(self, **changes) -> "DraftSpec":
+        return replace(self, **changes)
+
+
+def draft_config(spec: DraftSpec) -> dict:
+    """config.json as DeepSpec's build_draft_config writes it (target Qwen3 config + draft overrides)."""
+    config = {
+        "architectures": ["Qwen3DSparkModel"],
+        "model_type": "qwen3",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": spec.attention_bias,
+        "max_position_embeddings": 4096,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": False,
+        "num_target_layers": spec.target_layers,
+        "target_layer_ids": list(spec.target_layer_ids),
+        "mask_token_id": spec.mask_token_id,
+        "block_size": spec.block_size,
+        "num_anchors": 512,
+        "layer_types": ["full_attention"] * spec.num_hidden_layers,
+        "torch_dtype": "bfloat16",
+    }
+    if spec.target_hidden_size is not None:
+        config["target_hidden_size"] = spec.target_hidden_size
+    if spec.draft_vocab_size is not None:
+        config["draft_vocab_size"] = spec.draft_vocab_size
+    if spec.markov_rank:
+        config.update(markov_rank=spec.markov_rank, markov_head_type="vanilla")
+    else:
+        config["architectures"] = ["DFlashDraftModel"]
+        config["dflash_config"] = {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)}
+        del config["mask_token_id"], config["target_layer_ids"]
+    config["enable_confidence_head"] = spec.confidence
+    if spec.confidence:
+        config["confidence_head_with_markov"] = spec.confidence_with_markov
+    if spec.sample_from_anchor is not None:
+        config["sample_from_anchor"] = spec.sample_from_anchor
+    config.update(spec.extra_config)
+    return config
+
+
+def draft_tensors(spec: DraftSpec) -> Tensors:
+    """Random weights under DeepSpec's state-dict names (no `model.` prefix)."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    H, I, D = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    hq, hkv = spec.num_attention_heads * D, spec.num_key_value_heads * D
+    ht = spec.target_hidden_size or H
+
+    def rand(*shape: int, std: float = 0.05) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(spec.dtype)
+
+    def norm(n: int) -> torch.Tensor:
+        return (1.0 + 0.1 * torch.randn(n, generator=gen)).to(spec.dtype)
+
+    tensors: Tensors = {}
+    for i in range(spec.num_hidden_layers):
+        p = f"layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": rand(hq, H),
+            p + "self_attn.k_proj.weight": rand(hkv, H),
+            p + "self_attn.v_proj.weight": rand(hkv, H),
+            p + "self_attn.o_proj.weight": rand(H, hq),
+            p + "self_attn.q_norm.weight": norm(D),
+            p + "self_attn.k_norm.weight": norm(D),
+            p + "mlp.gate_proj.weight": rand(I, H),
+            p + "mlp.up_proj.weight": rand(I, H),
+            p + "mlp.down_proj.weight": rand(H, I),
+            p + "input_layernorm.weight": norm(H),
+            p + "post_attention_layernorm.weight": norm(H),
+        })  # fmt: skip
+        if spec.attention_bias:
+            for proj, width in (("q", hq), ("k", hkv), ("v", hkv), ("o", H)):
+                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(width)
+    tensors["norm.weight"] = norm(H)
+    tensors["fc.weight"] = rand(H, len(spec.target_layer_ids) * ht)
+    tensors["hidden_norm.weight"] = norm(H)
+    if spec.own_embed:
+        tensors["embed_tokens.weight"] = rand(spec.vocab_size, H, std=0.5)
+    if spec.own_lm_head:
+        tensors["lm_head.weight"] = rand(spec.vd, H, std=0.5)
+    if spec.markov_rank:
+        tensors["markov_head.markov_w1.weight"] = rand(spec.vocab_size, spec.markov_rank, std=0.5)
+        tensors["markov_head.markov_w2.weight"] = rand(spec.vd, spec.markov_rank, std=0.5)
+    if spec.confidence:
+        width = H + (spec.markov_rank if spec.confidence_with_markov and spec.markov_rank else 0)
+        tensors["confidence_head.proj.weight"] = rand(1, width, std=0.1)
+        tensors["confidence_head.proj.bias"] = rand(1, std=0.1)
+    if spec.draft_vocab_size is not None and spec.draft_vocab_size != spec.vocab_size:
+        tensors["d2t"] = reduced_vocab_d2t(spec.draft_vocab_size, spec.vocab_size)
+    return tensors
+
+
+def reduced_vocab_d2t(vd: int, vocab: int) -> torch.Tensor:
+    """Offsets mapping draft ids to `vd` distinct target ids spread over [0, vocab): target = id + d2t[id]."""
+    targets = torch.linspace(0, vocab - 1, vd).round().long()
+    return targets - torch.arange(vd)
+
+
+# --- mutations: each takes the tensor dict and returns a new one -------------------------------------------------
+
+Mutation = Callable[[Tensors], Tensors]
+
+
+def drop(*names: str) -> Mutation:
+    return lambda t: {k: v for k, v in t.items() if k not in names}
+
+
+def replace_tensor(name: str, value: torch.Tensor) -> Mutation:
+    return lambda t: {**t, name: value}
+
+
+def rename(old: str, new: str) -> Mutation:
+    return lambda t: {(new if k == old else k): v for k, v in t.items()}
+
+
+def write_draft(
+    path: Path,
+    spec: DraftSpec = DraftSpec(),
+    *,
+    shards: int = 1,
+    edit: dict | None = None,
+    mutate: Mutation | None = None,
+) -> Path:
+    """Write a checkpoint folder. `edit` sets config keys (value None deletes the key); `mutate` edits tensors."""
+    config = draft_config(spec)
+    for key, value in (edit or {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    tensors = draft_tensors(spec)
+    if mutate is not None:
+        tensors = mutate(tensors)
+    return write_folder(path, config, tensors, shards=shards)
+
+
+def write_folder(path: Path, config: dict, tensors: Tensors, *, shards: int = 1) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        return path
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, str(path / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": weight_map}  # fmt: skip
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return path
+
+
+def target_config(spec: DraftSpec) -> dict:
+    """A Qwen3 target config matching `spec` (same vocab and hidden size, `target_layers` deep)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.target_hidden_size or spec.hidden_size,
+        "intermediate_size": 2 * (spec.target_hidden_size or spec.hidden_size),
+        "num_hidden_layers": spec.target_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
+def tiny_target(path: Path, spec: DraftSpec = DraftSpec(), seed: int = 0) -> Path:
+    """A random Qwen3ForCausalLM saved with save_pretrained (float32), matching `spec`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = target_config(spec)
+    model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    with torch.no_grad():  # larger logits than the default init, so greedy decoding is not all ties
+        model.lm_head.weight.normal_(0, 0.5)
+    model.save_pretrained(path)
+    return path
+
+
+def write_target_config(path: Path, spec: DraftSpec = DraftSpec(), **changes) -> Path:
+    """Only config.json of a target (what validate reads)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**target_config(spec), **changes}, indent=2))
+    return path
