@@ -1,0 +1,359 @@
+"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (dspark-format.md §1.2, §2).
+
+One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
+input_layernorm), then the query block attends to all context and, non-causally, to itself through Qwen3 decoder
+layers and the final `norm`. The Markov head (`markov_w1` [V, r], `markov_w2` [Vd, r]) and the confidence head are
+exposed as separate pieces: the sequential stage lives in `runtime/markov.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint import Checkpoint, open_checkpoint
+from dspark_cli.runtime.config import DraftConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
+
+W2_NAME = "markov_head.markov_w2.weight"
+IGNORED_TENSORS = ("t2d", "mask_embedding")  # training-only / unused by DSpark (vLLM skips them too)
+DFLASH_ALIASES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """[B, T] int positions -> cos, sin [B, 1, T, head_dim] (neox layout: halves rotated together)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, D]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D] rotated at its positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        H, D = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, D
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(H, self.heads * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.v_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(self.heads * D, H, bias=bias)
+        self.q_norm = RMSNorm(D, config.rms_norm_eps)
+        self.k_norm = RMSNorm(D, config.rms_norm_eps)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """[B, T, heads*D] -> [B, heads, T, D]"""
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """[B, T, H] -> k, v [B, kv_heads, T, D] (k normed and rotated)."""
+        k = apply_rope(self.k_norm(self._split(self.k_proj(x), self.kv_heads)), cos, sin)
+        return k, self._split(self.v_proj(x), self.kv_heads)
+
+    def forward(self, x, cos, sin, context: tuple[torch.Tensor, torch.Tensor], attn_mask):
+        """Block x [B, Q, H] attends to [context ; block]; attn_mask [B|1, Q, C+Q] bool or None (all)."""
+        q = apply_rope(self.q_norm(self._split(self.q_proj(x), self.heads)), cos, sin)
+        k, v = self.key_value(x, cos, sin)
+        k = torch.cat([context[0].to(k.dtype), k], dim=2)
+        v = torch.cat([context[1].to(v.dtype), v], dim=2)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        mask = None if attn_mask is None else attn_mask[:, None]  # [B|1, 1, Q, C+Q]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, heads, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        self.self_attn = DraftAttention(config)
+        self.mlp = DraftMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, context, attn_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, vocab: int, draft_vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)  # indexed by target-vocab id
+        self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # rows indexed by draft id
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, in_features: int):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1)
+
+
+class DSparkDraft(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        config.require_runnable("draft config")
+        if not config.use_aux_hidden_state:
+            raise DsparkError("drafts with use_aux_hidden_state=false (no fc, last hidden state as context) are not "
+                              "supported by dspark; use a checkpoint trained with target-layer features.")
+        self.config = config
+        H, V, Vd, r = config.hidden_size, config.vocab_size, config.draft_vocab_size, config.markov_rank
+        self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.fc = nn.Linear(len(config.layer_ids) * config.target_hidden_size, H, bias=False)
+        self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
+        self.embed_tokens = nn.Embedding(V, H)
+        self.lm_head = nn.Linear(H, Vd, bias=False)
+        self.markov_head = MarkovHead(V, Vd, r) if r else None
+        self.confidence_head = ConfidenceHead(self.confidence_in_features) if config.enable_confidence_head else None
+        self.register_buffer("d2t", None)
+        self.w2_nvfp4 = None  # NVFP4Weight of markov_w2 when the checkpoint head is NVFP4 (packed rows for gathers)
+        self.shares_embed = False  # embed_tokens / lm_head hold the target's weights (not saved)
+        self.shares_lm_head = False
+        self.init_weights()
+
+    @property
+    def confidence_in_features(self) -> int:
+        c = self.config
+        return c.hidden_size + (c.markov_rank if c.confidence_head_with_markov and c.markov_rank else 0)
+
+    def init_weights(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    # --- forward pieces ---------------------------------------------------------------------------------------
+
+    def target_features(self, hidden_states) -> torch.Tensor:
+        """HF output_hidden_states (L+1 x [B, T, Ht]) -> [B, T, n*Ht]: outputs of the draft's target layers."""
+        return torch.cat([hidden_states[i] for i in self.config.hidden_state_indices], dim=-1)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, T, n*Ht] -> [B, T, H]"""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> KVCache:
+        """context [B, T, H] at positions [B, T] -> per layer k, v [B, kv_heads, T, D]."""
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, context.dtype)
+        return [layer.self_attn.key_value(context, cos, sin) for layer in self.layers]
+
+    def block_hidden(self, input_ids, positions, context_kv: KVCache, attn_mask=None) -> torch.Tensor:
+        """Query block ids [B, Q] at positions [B, Q] -> final-norm hidden [B, Q, H]."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for layer, context in zip(self.layers, context_kv):
+            x = layer(x, cos, sin, context, attn_mask)
+        return self.norm(x)
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., Vd] (draft vocabulary)"""
+        return self.config.logit_scale * self.lm_head(hidden)
+
+    def markov_embed(self, prev_ids: torch.Tensor) -> torch.Tensor:
+        """target-vocab ids [...] -> [..., r]"""
+        return self.markov_head.markov_w1(prev_ids)
+
+    def markov_bias(self, embed: torch.Tensor) -> torch.Tensor:
+        """[..., r] -> [..., Vd]"""
+        return self.config.logit_scale * self.markov_head.markov_w2(embed)
+
+    def confidence_logit(self, hidden: torch.Tensor, embed: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [..., H] (+ Markov embedding [..., r]) -> acceptance logit [...] in fp32."""
+        x = hidden.float()
+        if self.config.confidence_head_with_markov and self.config.markov_rank:
+            x = torch.cat([x, embed.float()], dim=-1)
+        return self.confidence_head.proj(x).squeeze(-1)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """draft-vocab ids -> target-vocab ids (d2t stores offsets: target = id + d2t[id])."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    # --- loading and saving -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source: str | os.PathLike | Checkpoint,
+        *,
+        target_embed: torch.Tensor | None = None,
+        target_lm_head: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> "DSparkDraft":
+        """Load a DeepSpec/vLLM-format draft; missing embed_tokens / lm_head are shared from the target's."""
+        ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source)
+        config = DraftConfig.from_dict(ckpt.config)
+        config.require_runnable(ckpt.source)
+        names = {_canonical_name(name): name for name in ckpt.tensors if not name.startswith(IGNORED_TENSORS)}
+        if config.enable_confidence_head and not any(n.startswith("confidence_head.") for n in names):
+            config.enable_confidence_head = False  # vLLM silently drops a head without weights; so do we
+        with torch.device("meta"):
+            model = cls(config)
+        model = model.to_empty(device=device)
+        model._load_tensors(ckpt, names, target_embed, target_lm_head, dtype, device)
+        model.to(dtype)
+        if model.confidence_head is not None:
+            model.confidence_head.float()  # vLLM holds the confidence head in fp32
+        return model.eval()
+
+    def _load_tensors(self, ckpt, names, target_embed, target_lm_head, dtype, device) -> None:
+        params = dict(self.named_parameters())
+        nvfp4 = {}
+        for canonical, stored in names.items():
+            if canonical.startswith("markov_head.markov_w2.") and (
+                canonical != W2_NAME or ckpt.tensors[stored].dtype == "U8"
+            ):
+                nvfp4[canonical.rsplit(".", 1)[-1]] = ckpt.load_tensor(stored)
+                continue
+            if canonical == "d2t":
+                self.d2t = ckpt.load_tensor(stored).to(device=device, dtype=torch.long)
+                continue
+            if canonical not in params:
+                raise DsparkError(f"{ckpt.source}: unexpected tensor {stored!r}; run `dspark validate` on it.")
+            tensor = ckpt.load_tensor(stored)
+            if tuple(tensor.shape) != tuple(params[canonical].shape):
+                raise DsparkError(f"{ckpt.source}: tensor {stored!r} has shape {list(tensor.shape)} but the config "
+                                  f"implies {list(params[canonical].shape)}; run `dspark validate` on it.")
+            with torch.no_grad():
+                params[canonical].copy_(tensor.to(dtype))
+        if nvfp4:
+            self._load_nvfp4_w2(nvfp4, ckpt.source, dtype, device)
+        self._share_from_target(names, "embed_tokens.weight", target_embed, ckpt.source, dtype)
+        self._share_from_target(names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
+        loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
+        if nvfp4:
+            loaded.add(W2_NAME)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise DsparkError(f"{ckpt.source}: required tensor {missing[0]!r} is missing"
+                              f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
+                              "run `dspark validate` on it.")
+
+    def _load_nvfp4_w2(self, parts: dict[str, torch.Tensor], source: str, dtype, device) -> None:
+        from dspark_cli.kernels.nvfp4 import NVFP4Weight, dequantize_nvfp4
+
+        if set(parts) != {"weight", "weight_scale", "weight_scale_2"}:
+            raise DsparkError(f"{source}: the NVFP4 markov_w2 needs weight, weight_scale and weight_scale_2; found "
+                              f"{sorted(parts)}; re-run `dspark quantize`.")
+        self.w2_nvfp4 = NVFP4Weight(
+            packed=parts["weight"].to(device),
+            scale=parts["weight_scale"].to(device),
+            global_scale=parts["weight_scale_2"].to(device=device, dtype=torch.float32).reshape(()),
+        )
+        dense = dequantize_nvfp4(self.w2_nvfp4, torch.float32)  # [Vd, r]
+        w2 = self.markov_head.markov_w2.weight
+        if tuple(dense.shape) != tuple(w2.shape):
+            raise DsparkError(f"{source}: the NVFP4 markov_w2 dequantizes to {list(dense.shape)} but the config "
+                              f"implies {list(w2.shape)}; run `dspark validate` on it.")
+        with torch.no_grad():
+            w2.copy_(dense.to(dtype))
+
+    def _share_from_target(self, names, name: str, weight: torch.Tensor | None, source: str, dtype) -> None:
+        if name in names:
+            return
+        module = self.embed_tokens if name.startswith("embed") else self.lm_head
+        if weight is None:
+            raise DsparkError(f"{source} has no {name!r}; pass the target model so the draft can share its "
+                              f"{name.split('.')[0]}.")
+        if tuple(weight.shape) != tuple(module.weight.shape):
+            what = "input vocab_size" if name.startswith("embed") else "draft_vocab_size"
+            raise DsparkError(f"{source} shares {name!r} from the target, but the target's is {list(weight.shape)} "
+                              f"and the draft's {what} needs {list(module.weight.shape)}; the pair is incompatible.")
+        module.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+        if name.startswith("embed"):
+            self.shares_embed = True
+        else:
+            self.shares_lm_head = True
+
+    def tie_to_target(self, embed_weight: torch.Tensor | None, lm_head_weight: torch.Tensor | None) -> None:
+        """Use the target's (frozen) embedding and lm_head, as DeepSpec trains and vLLM serves by default."""
+        if embed_weight is not None:
+            self._share_from_target({}, "embed_tokens.weight", embed_weight, "draft", self.lm_head.weight.dtype)
+        if lm_head_weight is not None:
+            self._share_from_target({}, "lm_head.weight", lm_head_weight, "draft", self.lm_head.weight.dtype)
+
+    def state_for_save(self, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False) -> dict:
+        """DeepSpec-format tensors (names as on disk); shared target weights only if asked."""
+        skip = set()
+        if self.shares_embed and not include_shared:
+            skip.add("embed_tokens.weight")
+        if self.shares_lm_head and not include_shared:
+            skip.add("lm_head.weight")
+        tensors = {n: p.detach().to(dtype).contiguous().cpu() for n, p in self.named_parameters() if n not in skip}
+        if self.d2t is not None:
+            tensors["d2t"] = self.d2t.cpu().long()
+        return tensors
+
+    def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False,
+             extra_config: dict[str, Any] | None = None) -> Path:
+        """Write config.json + model.safetensors atomically (replacing `path`)."""
+        import json
+
+        from safetensors.torch import save_file
+
+        from dspark_cli.runtime.files import atomic_output_dir
+
+        path = Path(path)
+        config = {**self.config.raw, **(extra_config or {}), "torch_dtype": str(dtype).removeprefix("torch.")}
+        config.pop("quantization_config", None)
+        with atomic_output_dir(path, force=True) as tmp:
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            save_file(self.state_for_save(dtype, include_shared), str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})
+        return path
+
+    def num_parameters(self) -> int:
+        return sum(math.prod(p.shape) for p in self.parameters())
+
+
+def _canonical_name(name: str) -> str:
+    """Map DFlash aliases (midlayer.*, encoder.*) and a `model.` prefix onto DeepSpec names."""
+    name = name.removeprefix("model.")
+    for alias, canonical in DFLASH_ALIASES:
+        if name.startswith(alias):
+            return canonical + name[len(alias):]
+    return name
