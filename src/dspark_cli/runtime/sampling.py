@@ -128,6 +128,7 @@ def verify(
 
     Returns (num_accepted in 0..k, next_token): the round commits draft_tokens[:num_accepted] and
     then next_token (the correction after a rejection, or the bonus). k may be 0: a plain target step.
+    All tensors and the generator live on one device.
     """
     accepted, next_token = verify_batch(
         draft_tokens[None],
