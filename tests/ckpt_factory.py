@@ -253,3 +253,110 @@ def write_target_config(path: Path, spec: DraftSpec = DraftSpec(), **changes) ->
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({**target_config(spec), **changes}, indent=2))
     return path
+
+
+# --- NVFP4 markov_w2 as `dspark quantize` writes it (nvfp4.md §4) -------------------------------------------------
+
+VLLM_MARKOV_W2 = "model.markov_head.markov_w2"  # the prefix vLLM asks the quantization config about
+W4A16_LAYER = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
+
+
+def nvfp4_markov_w2(spec: DraftSpec) -> Mutation:
+    """Replace markov_w2 [Vd, r] by random NVFP4 tensors: U8 [Vd, r/2], F8_E4M3 [Vd, r/16], F32 [] (r % 16 == 0)."""
+
+    def mutate(tensors: Tensors) -> Tensors:
+        gen = torch.Generator().manual_seed(spec.seed + 1)
+        vd, r = spec.vd, spec.markov_rank
+        out = {k: v for k, v in tensors.items() if k != "markov_head.markov_w2.weight"}
+        out["markov_head.markov_w2.weight"] = torch.randint(0, 256, (vd, r // 2), generator=gen, dtype=torch.uint8)
+        scales = torch.rand(vd, r // 16, generator=gen) * 400 + 1
+        out["markov_head.markov_w2.weight_scale"] = scales.to(torch.float8_e4m3fn)
+        out["markov_head.markov_w2.weight_scale_2"] = torch.tensor(1e-4, dtype=torch.float32)
+        return out
+
+    return mutate
+
+
+def nvfp4_quant_configs(layers: dict | None = None) -> tuple[dict, dict]:
+    """(config.json `quantization_config`, hf_quant_config.json) in the MIXED_PRECISION form dspark quantize writes."""
+    layers = layers if layers is not None else {VLLM_MARKOV_W2: dict(W4A16_LAYER)}
+    producer = {"name": "modelopt", "version": "0.47.0"}
+    quantization_config = {
+        "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                                      "targets": list(layers)}},
+        "quantized_layers": layers,
+        "ignore": [],
+        "quant_algo": "MIXED_PRECISION",
+        "producer": producer,
+        "quant_method": "modelopt",
+    }  # fmt: skip
+    hf_quant_config = {
+        "producer": producer,
+        "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": [],
+                         "quantized_layers": layers},
+    }  # fmt: skip
+    return quantization_config, hf_quant_config
+
+
+def write_nvfp4_draft(
+    path: Path,
+    spec: DraftSpec = DraftSpec(markov_rank=64),
+    *,
+    quantization_config: dict | None = None,
+    hf_quant_config: dict | None = None,
+    edit: dict | None = None,
+    mutate: Mutation | None = None,
+    shards: int = 1,
+) -> Path:
+    """A draft whose markov_w2 is NVFP4, with both quantization config files (defaults: what dspark quantize writes).
+
+    Pass `quantization_config={}` or `hf_quant_config={}` to leave that file out."""
+    default_json, default_legacy = nvfp4_quant_configs()
+    quantization_config = default_json if quantization_config is None else quantization_config
+    hf_quant_config = default_legacy if hf_quant_config is None else hf_quant_config
+    nvfp4 = nvfp4_markov_w2(spec)
+    edit = {**({"quantization_config": quantization_config} if quantization_config else {}), **(edit or {})}
+    path = write_draft(path, spec, shards=shards, edit=edit,
+                       mutate=nvfp4 if mutate is None else (lambda t: mutate(nvfp4(t))))  # fmt: skip
+    if hf_quant_config:
+        (path / "hf_quant_config.json").write_text(json.dumps(hf_quant_config, indent=2))
+    return path
+
+
+# --- other layouts of the same weights (other-formats.md) ---------------------------------------------------------
+
+
+def speculators_config(spec: DraftSpec, kind: str = "dspark") -> dict:
+    """The config.json the speculators library writes for `spec` (speculators_model_type 'dspark' or 'dflash')."""
+    base = draft_config(spec)
+    layer_keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta", "attention_bias",
+                  "max_position_embeddings", "vocab_size", "layer_types", "tie_word_embeddings")  # fmt: skip
+    config = {
+        "speculators_model_type": kind,
+        "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
+        "transformer_layer_config": {key: base[key] for key in layer_keys},
+        "draft_vocab_size": spec.vd,
+        "block_size": spec.block_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in spec.target_layer_ids],
+        "mask_token_id": spec.mask_token_id,
+        "speculators_config": {"algorithm": kind, "proposal_methods": [
+            {"proposal_type": "greedy", "speculative_tokens": spec.block_size}]},
+        "sample_from_anchor": kind == "dspark",
+    }  # fmt: skip
+    if kind == "dspark":
+        config.update(markov_rank=spec.markov_rank, markov_head_type="vanilla", enable_confidence_head=spec.confidence,
+                      confidence_head_with_markov=spec.confidence_with_markov)  # fmt: skip
+    return config
+
+
+def specforge_config(spec: DraftSpec) -> dict:
+    """An un-normalised SpecForge DSpark export: DSparkDraftModel with the DSpark fields under dflash_config."""
+    config = draft_config(spec)
+    moved = ("mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type", "enable_confidence_head",
+             "confidence_head_with_markov")  # fmt: skip
+    nested = {key: config.pop(key) for key in moved if key in config}
+    config["architectures"] = ["DSparkDraftModel"]
+    config["auto_map"] = {"AutoModel": "dspark.DSparkDraftModel"}
+    config["dflash_config"] = {**nested, "projector_type": "dspark"}
+    return config

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
 
@@ -37,7 +38,7 @@ def handle_errors(command: Callable) -> Callable:
         except DsparkError as error:
             if state.verbose:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
-            err_console.print(f"[bold red]error:[/] {error.message}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(error.message)}", highlight=False, soft_wrap=True)
             raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]: nothing was written")

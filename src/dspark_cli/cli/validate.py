@@ -1,7 +1,140 @@
-"""`dspark validate` (being written)."""
+"""`dspark validate`: can vLLM load this draft checkpoint, and if not, exactly why (headers only, well under 1 s)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
 
 import typer
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.cli import render
+
+if TYPE_CHECKING:
+    from dspark_cli.runtime.rules import Report
+
+HELP = """Check a DSpark (or DFlash) draft checkpoint against every rule vLLM's loader applies, reading only
+config.json and the safetensors headers. Exit codes: 0 no errors, 1 errors found (or warnings with --strict),
+2 the checkpoint could not be read. Every finding code is documented in docs/validate.md."""
+
+STYLES = {"error": ("Errors", "bold red", "x"), "warning": ("Warnings", "bold yellow", "!"),
+          "info": ("Info", "bold blue", "i")}  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
-    """Add this command to the app (filled in by the validate issue)."""
+    app.command("validate", help=HELP)(validate)
+
+
+@render.handle_errors
+def validate(
+    checkpoint: str = typer.Argument(
+        ..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder or a Hugging Face hub id."
+    ),
+    target: Optional[str] = typer.Option(
+        None, "--target", "-t", metavar="TARGET",
+        help="Target model (folder, config.json or hub id); only its config.json is read.",
+    ),
+    revision: Optional[str] = typer.Option(
+        None, "--revision", metavar="REV", help="Hub revision (branch, tag or commit) of CHECKPOINT."
+    ),
+    deep: bool = typer.Option(False, "--deep", help="Also load tensors one at a time to check their values."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+    json_output: bool = typer.Option(False, "--json", help="Print a JSON document on stdout instead of the report."),
+) -> None:
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
+    from dspark_cli.runtime.rules import validate_checkpoint
+
+    try:
+        ckpt = open_checkpoint(checkpoint, revision)
+        target_config = read_target_config(target) if target else None
+        report = validate_checkpoint(ckpt, target_config, deep=deep)
+    except CheckpointError as error:
+        if json_output:
+            render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
+                              "error": {"code": error.code, "message": error.message}})  # fmt: skip
+        raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
+    exit_code = report.exit_code(strict)
+    if json_output:
+        render.emit_json({**report.to_dict(), "strict": strict, "exit_code": exit_code})
+    else:
+        print_report(report, strict, exit_code)
+    raise typer.Exit(exit_code)
+
+
+def print_report(report: "Report", strict: bool, exit_code: int) -> None:
+    console = render.console
+    console.print(Text.assemble(("dspark validate ", "bold"), report.source))
+    console.print(resolved_table(report.resolved))
+    for severity, (title, style, mark) in STYLES.items():
+        findings = [f for f in report.findings if f.severity == severity]
+        if not findings:
+            continue
+        console.print(Text(f"\n{title} ({len(findings)})", style=style))
+        table = Table.grid(padding=(0, 1))
+        table.add_column(no_wrap=True)
+        table.add_column()
+        for finding in findings:
+            table.add_row(Text(f"  {mark} {finding.code}", style=style), Text(finding.message))
+            table.add_row("", Text(f"fix: {finding.hint}", style="dim"))
+        console.print(table)
+    if report.skipped:
+        console.print(Text("\nSkipped", style="bold"))
+        for skipped in report.skipped:
+            console.print(Text(f"  - {skipped.check}: {skipped.reason}", style="dim"))
+    console.print()
+    console.print(summary_line(report, strict, exit_code))
+
+
+def resolved_table(resolved: dict) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="cyan", no_wrap=True)
+    table.add_column()
+    for label, value in resolved_rows(resolved):
+        table.add_row(label, Text(value))
+    return table
+
+
+def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
+    """The values vLLM would resolve, each with the config key it came from."""
+    rows = [("format", str(resolved.get("format")))]
+    if "mask_token" not in resolved:
+        return rows + [("architecture", str(resolved.get("architecture")))]
+
+    def sourced(entry: dict) -> str:
+        return f"{entry['value']}  ({entry['source'] or 'not set'})"
+
+    layers = resolved["target_layer_ids"]
+    rows += [
+        ("mask token", sourced(resolved["mask_token"])),
+        ("target layers", f"{layers['value']} = hidden_states {layers['hidden_states_indices']}  "
+                          f"({layers['source'] or 'not set'})"),
+        ("block size", sourced(resolved["block_size"])),
+        ("vocab", f"input {resolved['vocab_size']}, draft {sourced(resolved['draft_vocab_size'])}"),
+        ("target vocab", sourced(resolved["target_vocab_size"])),
+        ("target depth", sourced(resolved["target_depth"])),
+        ("markov head", f"rank {resolved['markov_rank']}, {resolved['head_format']}"
+                        if resolved["markov_rank"] else "none"),
+        ("confidence", str(resolved["confidence_head"])),
+        ("layout", str(resolved["layout"])),
+        ("embed / lm_head", f"{resolved['embed_tokens']} / {resolved['lm_head']}"),
+        ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), {_size(resolved['bytes'])}"),
+    ]  # fmt: skip
+    return rows
+
+
+def summary_line(report: "Report", strict: bool, exit_code: int) -> Text:
+    counts = f"{len(report.errors)} errors, {len(report.warnings)} warnings, {len(report.infos)} info"
+    if report.errors:
+        return Text(f"x {counts}: vLLM would fail to load or mis-serve this draft (exit {exit_code}).", "bold red")
+    if strict and report.warnings:
+        return Text(f"! {counts}: warnings fail with --strict (exit {exit_code}).", "bold yellow")
+    return Text(f"ok {counts}: vLLM can load this draft (exit {exit_code}).", "bold green")
+
+
+def _size(nbytes: int) -> str:
+    units = ("B", "kB", "MB", "GB", "TB")
+    power = 0
+    while nbytes >= 1000 ** (power + 1) and power < len(units) - 1:
+        power += 1
+    return f"{nbytes} B" if power == 0 else f"{nbytes / 1000 ** power:.1f} {units[power]}"

@@ -13,11 +13,15 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import DsparkError
 
+if TYPE_CHECKING:
+    from dspark_cli.runtime.config import DraftConfig
+
 CONFIG_FILE = "config.json"
+QUANT_CONFIG_FILE = "hf_quant_config.json"  # ModelOpt's legacy quantization config
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -81,6 +85,7 @@ class Checkpoint:
     files: list[str] = field(default_factory=list)  # every file in the checkpoint, relative names
     index: dict[str, Any] | None = None  # model.safetensors.index.json, when sharded
     shards: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)  # file -> name -> info
+    hf_quant_config: dict[str, Any] | None = None  # hf_quant_config.json, when present
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:
@@ -111,6 +116,41 @@ class Checkpoint:
             raise DsparkError(f"{self.source} has no tensor named {name!r}.")
         with safe_open(str(self.file_path(info.file)), framework="pt", device=device) as handle:
             return handle.get_tensor(name)
+
+
+def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a target model (folder, the config file itself, or hub id); nothing else is read."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        config_path = path / CONFIG_FILE
+    elif path.is_file() and path.suffix == ".json":
+        config_path = path
+    elif HUB_ID.match(str(source)) and not path.exists():
+        config_path = _hub_file(str(source), CONFIG_FILE)
+    else:
+        raise CheckpointError(
+            "DSP500",
+            f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check --target.",
+        )
+    return _config_object(read_json(config_path, "target config.json"), config_path)
+
+
+def _hub_file(repo_id: str, name: str, revision: str | None = None) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        return Path(hf_hub_download(repo_id, name, revision=revision))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise CheckpointError(
+            "DSP511", f"{repo_id}/{name} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "download it first or unset HF_HUB_OFFLINE."
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise CheckpointError(
+            "DSP511", f"{repo_id}/{name} could not be read from the Hugging Face Hub ({type(error).__name__}); "
+            "check the id, your token and the network."
+        ) from None
 
 
 def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> Checkpoint:
@@ -174,6 +214,7 @@ def _tensor_infos(header: dict, path: Path, file_name: str, data_start: int, siz
     infos: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
+            _check_metadata(entry, path)
             continue
         infos[name] = _tensor_info(name, entry, path, file_name, data_start, size)
     spans = sorted((info.begin, info.end, name) for name, info in infos.items() if info.end > info.begin)
@@ -182,7 +223,32 @@ def _tensor_infos(header: dict, path: Path, file_name: str, data_start: int, siz
             raise CheckpointError(
                 "DSP505", f"{path}: tensors {name_a!r} and {name_b!r} overlap in the data section; the file is corrupt."
             )
+    _check_contiguous(infos, path, data_start, size)
     return infos
+
+
+def _check_metadata(entry: Any, path: Path) -> None:
+    if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+        raise CheckpointError(
+            "DSP503", f"{path}: the header's __metadata__ must map names to strings; the file is corrupt."
+        )
+
+
+def _check_contiguous(infos: dict[str, TensorInfo], path: Path, data_start: int, size: int) -> None:
+    """safetensors (and so vLLM) refuses a data section with gaps or bytes after the last tensor."""
+    cursor = data_start
+    for info in sorted(infos.values(), key=lambda i: (i.begin, i.end)):
+        if info.begin != cursor:
+            raise CheckpointError(
+                "DSP513", f"{path}: tensor {info.name!r} starts at byte {info.begin} but the data before it ends at "
+                f"byte {cursor}; safetensors refuses such a file, re-download or re-save it."
+            )
+        cursor = info.end
+    if cursor != size:
+        raise CheckpointError(
+            "DSP513", f"{path} has {size - cursor} bytes after its last tensor that no header entry covers; "
+            "safetensors refuses such a file, re-download or re-save it."
+        )
 
 
 def _tensor_info(name: str, entry: Any, path: Path, file_name: str, data_start: int, size: int) -> TensorInfo:
@@ -223,6 +289,9 @@ def _open_local(source: str, root: Path) -> Checkpoint:
     ckpt = Checkpoint(source=source, local_dir=root)
     ckpt.files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
     ckpt.config = _config_object(read_json(root / CONFIG_FILE, "config.json"), root / CONFIG_FILE)
+    if (root / QUANT_CONFIG_FILE).is_file():
+        ckpt.hf_quant_config = _config_object(read_json(root / QUANT_CONFIG_FILE, QUANT_CONFIG_FILE),
+                                              root / QUANT_CONFIG_FILE)
     for name in _weight_files(ckpt, root):
         ckpt.shards[name] = read_safetensors_header(root / name, name)
     return ckpt
@@ -289,6 +358,10 @@ def _open_hub(repo_id: str, revision: str | None) -> Checkpoint:
         ckpt.config = _config_object(read_json(config_path, "config.json"), f"{repo_id}/{CONFIG_FILE}")
         api = HfApi()
         ckpt.files = sorted(api.list_repo_files(repo_id, revision=revision))
+        if QUANT_CONFIG_FILE in ckpt.files:
+            quant_path = Path(hf_hub_download(repo_id, QUANT_CONFIG_FILE, revision=revision))
+            ckpt.hf_quant_config = _config_object(read_json(quant_path, QUANT_CONFIG_FILE),
+                                                  f"{repo_id}/{QUANT_CONFIG_FILE}")
         meta = api.get_safetensors_metadata(repo_id, revision=revision)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
         raise CheckpointError(
@@ -308,3 +381,112 @@ def _open_hub(repo_id: str, revision: str | None) -> Checkpoint:
     if meta.sharded:
         ckpt.index = {"weight_map": dict(meta.weight_map)}
     return ckpt
+
+
+# --- DeepSpec's tensor layout (dspark-format.md §1.2) -------------------------------------------------------------
+
+MARKOV_W1 = "markov_head.markov_w1.weight"
+MARKOV_W2 = "markov_head.markov_w2.weight"
+NVFP4_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale")  # beside `<module>.weight` (nvfp4.md §4.1)
+# Names vLLM's DFlash/DSpark loader renames (other-formats.md §4).
+DFLASH_ALIASES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
+IGNORED_BY_VLLM = ("t2d", "mask_embedding")  # t2d* is skipped; mask_embedding is dropped for DSpark
+
+
+@dataclass(frozen=True)
+class ExpectedTensor:
+    """A tensor a draft may hold, with the shape its config implies."""
+
+    name: str
+    shape: tuple[int | None, ...]  # None: a dimension the config does not determine
+    formula: str  # the shape in config terms, for messages
+    required: bool
+    dtype: str | None = None  # an exact safetensors dtype (d2t: "I64"); None means any floating dtype
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.shape) and all(e is None or e == a for e, a in zip(self.shape, shape))
+
+
+@dataclass(frozen=True)
+class LinearModule:
+    """A Linear layer as vLLM builds it: the prefix its quantization config is asked about, and its weights."""
+
+    prefix: str  # e.g. "model.layers.0.self_attn.qkv_proj" (fused) or "lm_head"
+    weights: tuple[str, ...]  # on-disk weight names it is loaded from
+
+    @property
+    def shard_prefixes(self) -> tuple[str, ...]:
+        """vLLM prefixes of the unfused parts of a fused layer (q/k/v, gate/up); empty for a plain layer."""
+        if len(self.weights) == 1:
+            return ()
+        return tuple(vllm_prefix(name) for name in self.weights)
+
+
+def vllm_prefix(weight_name: str) -> str:
+    """vLLM module prefix of an on-disk weight: `model.` is prepended to every name except lm_head*."""
+    module = weight_name.rsplit(".", 1)[0]
+    return module if module.startswith("lm_head") else f"model.{module}"
+
+
+def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
+    """Every tensor of a DSpark/DFlash draft by on-disk name. Needs hidden/intermediate size, depth, heads, vocab."""
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    D = config.head_dim
+    hq, hkv = config.num_attention_heads * D, (config.num_key_value_heads or config.num_attention_heads) * D
+    vd, r, ht = config.draft_vocab_size or V, config.markov_rank or None, config.target_hidden_size or H
+    n = len(config.layer_ids) if config.layer_ids else None
+    out: dict[str, ExpectedTensor] = {}
+
+    def add(name: str, shape: tuple[int | None, ...], formula: str, required: bool = True, dtype: str | None = None):
+        out[name] = ExpectedTensor(name, shape, formula, required, dtype)
+
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        add(p + "self_attn.q_proj.weight", (hq, H), "[num_attention_heads*head_dim, hidden_size]")
+        add(p + "self_attn.k_proj.weight", (hkv, H), "[num_key_value_heads*head_dim, hidden_size]")
+        add(p + "self_attn.v_proj.weight", (hkv, H), "[num_key_value_heads*head_dim, hidden_size]")
+        add(p + "self_attn.o_proj.weight", (H, hq), "[hidden_size, num_attention_heads*head_dim]")
+        if config.attention_bias:
+            add(p + "self_attn.q_proj.bias", (hq,), "[num_attention_heads*head_dim]")
+            add(p + "self_attn.k_proj.bias", (hkv,), "[num_key_value_heads*head_dim]")
+            add(p + "self_attn.v_proj.bias", (hkv,), "[num_key_value_heads*head_dim]")
+            add(p + "self_attn.o_proj.bias", (H,), "[hidden_size]")
+        add(p + "self_attn.q_norm.weight", (D,), "[head_dim]")
+        add(p + "self_attn.k_norm.weight", (D,), "[head_dim]")
+        add(p + "mlp.gate_proj.weight", (I, H), "[intermediate_size, hidden_size]")
+        add(p + "mlp.up_proj.weight", (I, H), "[intermediate_size, hidden_size]")
+        add(p + "mlp.down_proj.weight", (H, I), "[hidden_size, intermediate_size]")
+        add(p + "input_layernorm.weight", (H,), "[hidden_size]")
+        add(p + "post_attention_layernorm.weight", (H,), "[hidden_size]")
+    add("norm.weight", (H,), "[hidden_size]")
+    add("hidden_norm.weight", (H,), "[hidden_size]")
+    if config.use_aux_hidden_state:
+        add("fc.weight", (H, n * ht if n else None), "[hidden_size, len(target_layer_ids)*target_hidden_size]")
+    add("embed_tokens.weight", (V, H), "[vocab_size, hidden_size]", required=False)
+    add("lm_head.weight", (vd, H), "[draft_vocab_size, hidden_size]", required=False)
+    add("d2t", (vd,), "[draft_vocab_size]", required=False, dtype="I64")
+    if config.kind == "dspark":
+        add(MARKOV_W1, (V, r), "[vocab_size, markov_rank]")
+        add(MARKOV_W2, (vd, r), "[draft_vocab_size, markov_rank]")
+        with_markov = config.confidence_head_with_markov and config.markov_rank != 0
+        width = (H + r if r else None) if with_markov else H  # None: markov_rank unknown
+        formula = "[1, hidden_size+markov_rank]" if with_markov else "[1, hidden_size]"
+        add("confidence_head.proj.weight", (1, width), formula, required=False)
+        add("confidence_head.proj.bias", (1,), "[1]", required=False)
+    return out
+
+
+def linear_modules(config: "DraftConfig") -> list[LinearModule]:
+    """The draft's quantizable Linear layers (nvfp4.md §4.2): qkv/o/gate_up/down per layer, fc, the heads."""
+    modules = []
+    for i in range(config.num_hidden_layers or 0):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        modules += [
+            LinearModule(f"model.{attn}qkv_proj", tuple(f"{attn}{x}_proj.weight" for x in "qkv")),
+            LinearModule(f"model.{attn}o_proj", (f"{attn}o_proj.weight",)),
+            LinearModule(f"model.{mlp}gate_up_proj", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight")),
+            LinearModule(f"model.{mlp}down_proj", (f"{mlp}down_proj.weight",)),
+        ]
+    for name in ("fc.weight", "lm_head.weight", "confidence_head.proj.weight", MARKOV_W2):
+        modules.append(LinearModule(vllm_prefix(name), (name,)))
+    return modules

@@ -16,6 +16,21 @@ DSPARK_ARCHITECTURES = {"Qwen3DSparkModel", "DSparkDraftModel"}
 DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
 OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel",
                          "DSparkV41DraftModel"}  # fmt: skip
+DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
+
+# Checkpoint layouts (other-formats.md §5), as `DraftConfig.format`.
+FORMAT_NAMES = {
+    "deepspec": "DeepSpec (Qwen3DSparkModel)",
+    "specforge": "SpecForge DSpark (DSparkDraftModel, fields under dflash_config)",
+    "speculators-dspark": "speculators DSpark (speculators_model_type 'dspark')",
+    "speculators-dflash": "speculators DFlash (speculators_model_type 'dflash')",
+    "dflash": "z-lab DFlash (no Markov head)",
+    "other-dspark": "DSpark of another model family",
+    "deepseek-v4": "DeepSeek-V4 DSpark drafter",
+    "unknown": "not a DSpark or DFlash draft",
+}
+# DSpark keys SpecForge nests under dflash_config but vLLM reads only at the top level (other-formats.md §2.5, §4).
+SPECFORGE_HOISTED_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
 # Mask-token keys in vLLM's order (get_parallel_drafting_token_id); dflash_config first.
 MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
@@ -64,6 +79,9 @@ class DraftConfig:
     num_target_layers: int | None
     dspark_draft_topk: int | None
     notes: list[str] = field(default_factory=list)  # how ambiguous keys were read
+    format: str = "unknown"  # a key of FORMAT_NAMES
+    vllm_config: dict[str, Any] = field(default_factory=dict)  # the config as vLLM sees it after its adapters
+    nested_only: tuple[str, ...] = ()  # SPECFORGE_HOISTED_KEYS found only under dflash_config (vLLM misses them)
 
     @property
     def mask_token_id(self) -> int | None:
@@ -89,48 +107,58 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "DraftConfig":
-        dflash = _dict(raw.get("dflash_config"))
-        architecture = _architecture(raw)
-        kind = _kind(architecture, raw)
-        hidden = _int(raw.get("hidden_size"))
-        vocab = _int(raw.get("vocab_size"))
-        heads = _int(raw.get("num_attention_heads"))
-        head_dim = _int(raw.get("head_dim"))
+        """Typed view of `raw`; speculators configs are first mapped the way vLLM's adapter maps them."""
+        fmt = detect_format(raw)
+        view = vllm_view(raw, fmt)
+        dflash = _dict(view.get("dflash_config"))
+        architecture = _architecture(view)
+        kind = _kind(fmt)
+        hidden = _int(view.get("hidden_size"))
+        vocab = _int(view.get("vocab_size"))
+        heads = _int(view.get("num_attention_heads"))
+        head_dim = _int(view.get("head_dim"))
         if head_dim is None and hidden and heads:
             head_dim = hidden // heads
-        rank = raw.get("markov_rank")
+        nested = _nested_only(view, dflash) if fmt == "specforge" else {}
+        dspark_keys = {**view, **nested}
+        rank = dspark_keys.get("markov_rank")
         markov_rank = _int(rank) if rank is not None else (0 if kind == "dflash" else None)
+        alpha = dflash.get("confidence_head_alpha", 0)  # SpecForge builds the head when its loss weight is > 0
+        confidence_default = fmt == "specforge" and isinstance(alpha, (int, float)) and alpha > 0
         return cls(
             raw=raw,
             architecture=architecture,
             kind=kind,
             hidden_size=hidden,
-            intermediate_size=_int(raw.get("intermediate_size")),
-            num_hidden_layers=_int(raw.get("num_hidden_layers")),
+            intermediate_size=_int(view.get("intermediate_size")),
+            num_hidden_layers=_int(view.get("num_hidden_layers")),
             num_attention_heads=heads,
-            num_key_value_heads=_int(raw.get("num_key_value_heads", heads)),
+            num_key_value_heads=_int(view.get("num_key_value_heads", heads)),
             head_dim=head_dim,
             vocab_size=vocab,
-            draft_vocab_size=_int(raw.get("draft_vocab_size", vocab)),
-            target_hidden_size=_int(raw.get("target_hidden_size", hidden)),
-            rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
-            rope_theta=_rope_theta(raw),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            max_position_embeddings=_int(raw.get("max_position_embeddings")),
-            hidden_act=str(raw.get("hidden_act", "silu")),
-            mask_token=resolve_mask_token(raw),
-            target_layer_ids=resolve_target_layer_ids(raw),
-            block_size=_first(("block_size", raw), ("dflash_config.block_size", dflash), ("dspark_block_size", raw)),
+            draft_vocab_size=_int(view.get("draft_vocab_size", vocab)),
+            target_hidden_size=_int(view.get("target_hidden_size", hidden)),
+            rms_norm_eps=_float(view.get("rms_norm_eps"), 1e-6),
+            rope_theta=_rope_theta(view),
+            attention_bias=bool(view.get("attention_bias", False)),
+            max_position_embeddings=_int(view.get("max_position_embeddings")),
+            hidden_act=str(view.get("hidden_act", "silu")),
+            mask_token=resolve_mask_token(view),
+            target_layer_ids=resolve_target_layer_ids(view),
+            block_size=resolve_block_size(view),
             markov_rank=markov_rank,
-            markov_head_type=raw.get("markov_head_type", "vanilla" if markov_rank else None),
-            enable_confidence_head=bool(raw.get("enable_confidence_head", False)),
+            markov_head_type=dspark_keys.get("markov_head_type", "vanilla" if markov_rank else None),
+            enable_confidence_head=bool(dspark_keys.get("enable_confidence_head", confidence_default)),
             # Newer vLLM defaults to False when the key is missing; DeepSpec always writes it.
-            confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
-            sample_from_anchor=_sample_from_anchor(raw, dflash),
-            logit_scale=float(raw.get("logit_scale") or 1.0),
-            use_aux_hidden_state=bool(dflash.get("use_aux_hidden_state", raw.get("use_aux_hidden_state", True))),
-            num_target_layers=_int(raw.get("num_target_layers")),
-            dspark_draft_topk=_int(raw.get("dspark_draft_topk")),
+            confidence_head_with_markov=bool(dspark_keys.get("confidence_head_with_markov", False)),
+            sample_from_anchor=_sample_from_anchor(view, dflash),
+            logit_scale=_float(view.get("logit_scale"), 1.0),
+            use_aux_hidden_state=bool(dflash.get("use_aux_hidden_state", view.get("use_aux_hidden_state", True))),
+            num_target_layers=_int(view.get("num_target_layers")),
+            dspark_draft_topk=_int(view.get("dspark_draft_topk")),
+            format=fmt,
+            vllm_config=view,
+            nested_only=tuple(nested),
         )
 
     def require_runnable(self, source: str) -> None:
@@ -153,10 +181,97 @@ class DraftConfig:
                               "dspark implement only 'vanilla').")
 
 
+@dataclass(frozen=True)
+class TargetConfig:
+    """What validate needs from the target model's config.json (a multimodal config's text_config is used)."""
+
+    vocab_size: int | None
+    hidden_size: int | None
+    num_hidden_layers: int | None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "TargetConfig":
+        text = raw if "vocab_size" in raw or not isinstance(raw.get("text_config"), dict) else raw["text_config"]
+        return cls(
+            vocab_size=_positive(text.get("vocab_size")),
+            hidden_size=_positive(text.get("hidden_size")),
+            num_hidden_layers=_positive(text.get("num_hidden_layers")),
+        )
+
+
 def resolve_mask_token(raw: dict[str, Any]) -> Resolved:
     dflash = _dict(raw.get("dflash_config"))
     candidates = [(f"dflash_config.{MASK_TOKEN_KEYS[0]}", dflash)] + [(key, raw) for key in MASK_TOKEN_KEYS]
     return _first(*candidates)
+
+
+def resolve_block_size(raw: dict[str, Any]) -> Resolved:
+    dflash = _dict(raw.get("dflash_config"))
+    return _first(("block_size", raw), ("dflash_config.block_size", dflash), ("dspark_block_size", raw))
+
+
+def detect_format(raw: dict[str, Any]) -> str:
+    """Which layout a config.json is in (other-formats.md §5); a key of FORMAT_NAMES."""
+    speculators = raw.get("speculators_model_type")
+    if speculators in ("dspark", "dflash"):
+        return f"speculators-{speculators}"
+    archs = [a for a in _list(raw.get("architectures")) if isinstance(a, str)]
+    model_type = raw.get("model_type")
+    if "Qwen3DSparkModel" in archs:
+        return "deepspec"
+    if "DSparkV41DraftModel" in archs or ("DSparkDraftModel" in archs and model_type in DEEPSEEK_V4_MODEL_TYPES):
+        return "deepseek-v4"
+    if "DSparkDraftModel" in archs:
+        return "specforge"
+    if any(a in DFLASH_ARCHITECTURES or "DFlash" in a for a in archs):
+        return "dflash"
+    if any(a in OTHER_DSPARK_FAMILIES for a in archs):
+        return "other-dspark"
+    return "unknown"
+
+
+def vllm_view(raw: dict[str, Any], fmt: str | None = None) -> dict[str, Any]:
+    """The config as vLLM reads it: speculators configs flattened by its adapter, DSparkDraftModel (qwen3) renamed."""
+    fmt = fmt or detect_format(raw)
+    if fmt.startswith("speculators"):
+        return _from_speculators(raw, fmt)
+    if fmt == "specforge":
+        return {**raw, "architectures": ["Qwen3DSparkModel"]}
+    return raw
+
+
+def _from_speculators(raw: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """vLLM's SpeculatorsConfig mapping (other-formats.md §4): transformer_layer_config plus the draft fields."""
+    view = dict(_dict(raw.get("transformer_layer_config")))
+    dflash: dict[str, Any] = {}
+    aux = raw.get("aux_hidden_state_layer_ids")
+    if isinstance(aux, list):
+        view["eagle_aux_hidden_state_layer_ids"] = aux  # capture ids = target_layer_ids + 1, used as-is
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in aux):
+            dflash["target_layer_ids"] = [v - 1 for v in aux]
+    if "mask_token_id" in raw:
+        dflash["mask_token_id"] = raw["mask_token_id"]
+    for key in ("draft_vocab_size", "target_hidden_size", "block_size"):
+        if key in raw:
+            view[key] = raw[key]
+    if fmt == "speculators-dspark":
+        view["architectures"] = ["Qwen3DSparkModel"]
+        defaults = {"markov_rank": 256, "markov_head_type": "vanilla", "enable_confidence_head": True,
+                    "confidence_head_with_markov": True, "sample_from_anchor": True}  # fmt: skip
+        view.update({key: raw.get(key, default) for key, default in defaults.items()})
+        view["dspark_bonus_anchor"] = not view["sample_from_anchor"]
+        for key in ("target_layer_ids", "mask_token_id"):
+            if key in dflash:
+                view[key] = dflash[key]
+    else:
+        view["architectures"] = ["DFlashDraftModel"]
+        view["sample_from_anchor"] = bool(raw.get("sample_from_anchor", False))
+    view["dflash_config"] = dflash
+    return view
+
+
+def _nested_only(view: dict[str, Any], dflash: dict[str, Any]) -> dict[str, Any]:
+    return {key: dflash[key] for key in SPECFORGE_HOISTED_KEYS if key not in view and key in dflash}
 
 
 def resolve_target_layer_ids(raw: dict[str, Any]) -> Resolved:
@@ -196,10 +311,10 @@ def _architecture(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def _kind(architecture: str | None, raw: dict[str, Any]) -> str:
-    if architecture in DFLASH_ARCHITECTURES or raw.get("speculators_model_type") == "dflash":
+def _kind(fmt: str) -> str:
+    if fmt in ("dflash", "speculators-dflash"):
         return "dflash"
-    if architecture in DSPARK_ARCHITECTURES or raw.get("speculators_model_type") == "dspark":
+    if fmt in ("deepspec", "specforge", "speculators-dspark", "other-dspark"):
         return "dspark"
     return "unknown"
 
@@ -220,8 +335,24 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 1e6
 
 
+def _float(value: Any, default: float) -> float:
+    """A positive number, else `default` (rules report malformed values)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return default
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _positive(value: Any) -> int | None:
+    value = _int(value)
+    return value if value is not None and value > 0 else None
 
 
 def _int(value: Any) -> int | None:
