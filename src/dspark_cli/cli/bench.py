@@ -1,7 +1,222 @@
-"""`dspark bench` (being written)."""
+"""`dspark bench markov`: the sequential Markov stage, every method side by side (docs/bench.md)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
 
 import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
+from dspark_cli.errors import EXIT_FINDINGS, DsparkError
+
+bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark drafting.")
+
+DEFAULT_VOCAB = 151936  # Qwen3
+DEFAULT_RANK = 256
+TABLE_WIDTH = 150  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
+
+
+class Device(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
 
 
 def register(app: typer.Typer) -> None:
-    """Add this command to the app (filled in by the bench issue)."""
+    app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback()
+def _bench() -> None:
+    """Profile the parts of DSpark drafting."""
+
+
+@bench_app.command("markov")
+@handle_errors
+def markov(
+    draft: str = typer.Option(None, "--draft", help="Draft checkpoint (folder or hub id): use its Markov head."),
+    vocab: int = typer.Option(None, "--vocab", min=1,
+                              help=f"Random weights: target vocabulary V (default {DEFAULT_VOCAB})."),
+    draft_vocab: int = typer.Option(None, "--draft-vocab", min=1, help="Random weights: draft vocabulary Vd; Vd < V "
+                                    "adds a d2t map (default V)."),  # fmt: skip
+    rank: int = typer.Option(None, "--rank", min=1, help=f"Random weights: Markov rank r (default {DEFAULT_RANK})."),
+    block: int = typer.Option(7, "--block", min=1, help="Positions N per draft step."),
+    batch: str = typer.Option(None, "--batch", help="Batch sizes (default 1,8,32,128 on CUDA, 1,8 on CPU)."),
+    topk: str = typer.Option("16,64,256", "--topk", help="Candidates k per position."),
+    formats: str = typer.Option("bf16,nvfp4", "--format", help="Markov W2 formats: bf16, nvfp4."),
+    temperature: str = typer.Option("0,1", "--temperature", help="Temperatures (0 = greedy; > 0 Gumbel-max)."),
+    device: Device = typer.Option(None, "--device", help="cuda or cpu (default cuda when available)."),
+    reps: int = typer.Option(None, "--reps", min=1, help="Timed repetitions (default 100 on CUDA, 10 on CPU)."),
+    warmup: int = typer.Option(None, "--warmup", min=0,
+                               help="Untimed repetitions first (default 10 on CUDA, 2 on CPU)."),
+    peak_gbps: float = typer.Option(None, "--peak-gbps", min=0.001, help="Memory bandwidth for the lower bound, "
+                                    "GB/s (default: spec sheet of known GPUs, else a copy measured in the run)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights and inputs."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the results as JSON to FILE ('-': stdout)."),
+    plot: Path = typer.Option(None, "--plot", help="Write a PNG of latency against batch size to FILE."),
+) -> None:
+    """Time the sequential Markov stage: dense, top-k bf16, top-k NVFP4 and the fused walk.
+
+    Every method is first checked to emit the reference walk's tokens (greedy, and with the same Gumbel
+    noise); exit code 1 if one does not.
+    """
+    import torch
+
+    from dspark_cli.runtime.bench import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
+
+    device_name = (device.value if device else None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device_name == "cuda"
+    config = BenchConfig(
+        block=block,
+        batches=_ints(batch or ("1,8,32,128" if cuda else "1,8"), "--batch"),
+        topks=_ints(topk, "--topk"),
+        formats=_choices(formats, "--format", ("bf16", "nvfp4")),
+        temperatures=_temperatures(temperature),
+        device=device_name,
+        reps=reps or (100 if cuda else 10),
+        warmup=(10 if cuda else 2) if warmup is None else warmup,
+        peak_gbps=peak_gbps,
+        seed=seed,
+    )
+    if draft is not None:
+        if vocab or draft_vocab or rank:
+            raise DsparkError("--draft takes the shapes from the checkpoint; drop --vocab/--draft-vocab/--rank.")
+        heads = checkpoint_heads(config, draft)
+    else:
+        vocab = vocab or DEFAULT_VOCAB
+        heads = random_heads(config, vocab, draft_vocab or vocab, rank or DEFAULT_RANK)
+    with err_console.status("checking tokens, then timing") as status:
+        report = run_bench(config, heads, progress=lambda text: status.update(f"checking, then timing: {text}"))
+    out = err_console if json_out is not None and str(json_out) == "-" else console
+    if not out.is_terminal:  # a file or pipe: wide rows rather than wrapped cells
+        out = Console(width=TABLE_WIDTH, stderr=out.stderr)
+    for fmt in config.formats:
+        for temp in config.temperatures:
+            out.print(_table(report, fmt, temp))
+    for note in report.notes:
+        out.print(f"[dim]• {note}[/]", highlight=False)
+    if json_out is not None:
+        emit_json(report.to_dict(), json_out)
+    if plot is not None:
+        write_latency_chart(report, plot)
+        out.print(f"plot written to {plot}", highlight=False)
+    if not report.ok:
+        raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
+                          "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
+
+
+def _table(report, fmt: str, temperature: float) -> Table:
+    mode = "greedy" if temperature == 0 else "Gumbel-max"
+    table = Table(
+        title=f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} Vd={report.draft_vocab} "
+        f"r={report.rank} N={report.block} · {report.device_name}",
+        caption=f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
+        f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
+        + (" · * Triton kernel under the interpreter: tokens checked, not timed" if _interpreted(report) else ""),
+        title_justify="left",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in ("B", "k"):
+        table.add_column(name, justify="right")
+    table.add_column("method")
+    for name in ("µs/step", "µs/pos", "p10–p90", "weights", "GB/s", "bound µs", "×1", "×2"):
+        table.add_column(name, justify="right")
+    table.add_column("tokens")
+    previous_batch = None
+    for row in report.rows:
+        if row.fmt != fmt or row.temperature != temperature:
+            continue
+        if previous_batch is not None and row.batch != previous_batch:
+            table.add_section()
+        previous_batch = row.batch
+        timing = row.timing
+        table.add_row(
+            str(row.batch),
+            "all" if row.topk is None else str(row.topk),
+            _method_cell(row),
+            "*" if row.mode == "interpreter" else _num(timing and timing.median_us),
+            _num(row.us_per_position),
+            f"{_num(timing.p10_us)}–{_num(timing.p90_us)}" if timing else "",
+            _bytes(row.weight_bytes),
+            _num(row.achieved_gbps),
+            _num(row.lower_bound_us),
+            _ratio(row.speedup_vs_dense),
+            _ratio(row.speedup_vs_topk),
+            _tokens_cell(row),
+        )
+    return table
+
+
+def _interpreted(report) -> bool:
+    return any(row.mode == "interpreter" for row in report.rows)
+
+
+def _method_cell(row) -> str:
+    text = row.title
+    if row.mode == "graph":
+        text += " · graph"
+    elif row.mode == "interpreter":
+        text += " · kernel*"
+    elif row.engine == "torch twin":
+        text += " · twin"
+    return f"[dim]{text}[/]" if row.method == "select" else text
+
+
+def _tokens_cell(row) -> str:
+    if row.check is None:
+        return ""
+    label = row.check.label()
+    if row.requests_checked < row.batch:
+        label += f" ({row.requests_checked}/{row.batch} req.)"
+    return f"[red]{label}[/]" if not row.check.ok else f"[green]{label}[/]"
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}×"
+
+
+def _bytes(n_bytes: int | None) -> str:
+    if not n_bytes:
+        return ""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes} B"
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise DsparkError(f"{option} takes positive integers separated by commas (e.g. 1,8,32), got {text!r}.")
+    return values
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise DsparkError(f"--temperature takes numbers >= 0 separated by commas (e.g. 0,1), got {text!r}.")
+    return values
+
+
+def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    values = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    unknown = [v for v in values if v not in allowed]
+    if not values or unknown:
+        raise DsparkError(f"{option} takes {' and/or '.join(allowed)} separated by commas, got {text!r}.")
+    return values

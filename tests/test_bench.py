@@ -1,0 +1,244 @@
+"""`dspark bench markov`: every Markov method emits the reference walk's tokens (CPU; Triton kernels under the
+interpreter), the token check catches wrong walks, and the command runs end to end with --json and --plot."""
+
+import json
+import struct
+import zlib
+
+import pytest
+import torch
+from ckpt_factory import write_draft
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.kernels.markov import (
+    gathered_bias_reference,
+    markov_walk_reference,
+    markov_walk_triton,
+    nvfp4_gathered_bias,
+    nvfp4_gathered_bias_reference,
+)
+from dspark_cli.runtime import markov as runtime_markov
+from dspark_cli.runtime.bench import (
+    BenchConfig,
+    WalkInputs,
+    check_tokens,
+    dense_walk,
+    fused_walk,
+    gathered_walk,
+    make_inputs,
+    random_heads,
+    reference_walk,
+    weight_bytes,
+)
+from dspark_cli.runtime.sampling import SamplingParams
+
+VOCAB, RANK, BLOCK, BATCH, TOPK = 512, 32, 4, 3, 16
+runner = CliRunner()
+
+
+def heads(dtype: torch.dtype, draft_vocab: int, formats=("bf16", "nvfp4")):
+    config = BenchConfig(formats=formats, topks=(TOPK,), dtype=dtype, seed=1)
+    return random_heads(config, VOCAB, draft_vocab, RANK)
+
+
+def inputs(head, temperature: float, seed: int = 0, block: int = BLOCK) -> WalkInputs:
+    return make_inputs(head, BATCH, block, TOPK, temperature, torch.Generator().manual_seed(seed))
+
+
+def every_method(head, x: WalkInputs) -> dict[str, torch.Tensor]:
+    """Tokens [B, N] of every way the bench walks x, the Triton kernels included (interpreter on CPU)."""
+    w = head.weights
+    rows = torch.empty_like(x.base)
+    tokens = {
+        "dense": dense_walk(w, x),
+        "topk": gathered_walk(w, x, rows, gathered_bias_reference, w.w2),
+        "fused twin": fused_walk(w, x, markov_walk_reference),
+        "fused kernel": fused_walk(w, x, markov_walk_triton),
+    }
+    if head.fmt == "nvfp4":
+        tokens["nvfp4 twin"] = gathered_walk(w, x, rows, nvfp4_gathered_bias_reference, w.w2_nvfp4)
+        tokens["nvfp4 kernel"] = gathered_walk(w, x, rows, nvfp4_gathered_bias, w.w2_nvfp4)
+    return tokens
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("draft_vocab", [VOCAB, 384], ids=["no-d2t", "d2t"])
+def test_every_method_emits_the_reference_tokens_in_float32(fmt, temperature, draft_vocab):
+    head = heads(torch.float32, draft_vocab, formats=(fmt,))[fmt]
+    assert (head.weights.d2t is not None) == (draft_vocab < VOCAB)
+    x = inputs(head, temperature)
+    reference = reference_walk(head.weights, x)
+    for method, tokens in every_method(head, x).items():
+        assert torch.equal(tokens, reference), method
+        assert check_tokens(head.weights, x, tokens, reference).exact
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_method_agrees_in_bf16_up_to_rounding_near_ties(temperature):
+    for head in heads(torch.bfloat16, 384).values():
+        x = inputs(head, temperature, seed=3)
+        reference = reference_walk(head.weights, x)
+        for method, tokens in every_method(head, x).items():
+            check = check_tokens(head.weights, x, tokens, reference)
+            assert check.ok, (head.fmt, method, check.mismatch)
+
+
+def test_the_walk_depends_on_the_previous_token():
+    """Guards the test inputs: the Markov bias must change picks, or a walk that ignores W1 would pass."""
+    head = heads(torch.float32, VOCAB, formats=("bf16",))["bf16"]
+    x = inputs(head, 0.0)
+    no_markov = x.values.argmax(-1)  # [B, N] candidate index of the best base logit
+    picked = x.cand_ids.gather(-1, no_markov[..., None])[..., 0]
+    assert not torch.equal(picked, reference_walk(head.weights, x))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_batched_methods_match_the_runtime_strategies_per_request(temperature):
+    head = heads(torch.float32, 384, formats=("nvfp4",))["nvfp4"]
+    x = inputs(head, temperature)
+    params = SamplingParams(temperature=temperature)
+    batched = dense_walk(head.weights, x)
+    for b in range(BATCH):
+        noise = None if x.noise is None else x.noise[b]
+        for strategy in ("dense", "topk", "nvfp4", "fused"):
+            result = runtime_markov.markov_walk(strategy, head.weights, x.base[b], int(x.first_prev[b]), params,
+                                                noise=noise, draft_topk=TOPK)  # fmt: skip
+            assert torch.equal(result.tokens, batched[b]), (b, strategy)
+
+
+def test_check_tokens_flags_a_wrong_walk():
+    head = heads(torch.float32, VOCAB, formats=("bf16",))["bf16"]
+    x = inputs(head, 0.0)
+    reference = reference_walk(head.weights, x)
+    shifted = WalkInputs(x.base, x.values, x.cand_ids, x.first_prev.roll(1), x.temperature, None, None)
+    wrong_prev = reference_walk(head.weights, shifted)  # a walk started from other anchors
+    check = check_tokens(head.weights, x, wrong_prev, reference)
+    assert not check.ok and "position" in check.mismatch
+    not_a_candidate = reference.clone()
+    not_a_candidate[0, 1] = int(torch.isin(torch.arange(VOCAB), x.cand_ids[0, 1], invert=True).nonzero()[0])
+    assert "not a candidate" in check_tokens(head.weights, x, not_a_candidate, reference).mismatch
+
+
+def test_check_tokens_accepts_a_tie_broken_the_other_way():
+    head = heads(torch.float32, VOCAB, formats=("bf16",))["bf16"]
+    x = inputs(head, 0.0, block=1)
+    w2 = head.weights.w2
+    first, second = x.cand_ids[0, 0, 0], x.cand_ids[0, 0, 1]
+    w2[second] = w2[first]
+    x.values[0, 0, 1] = x.values[0, 0, 0] = x.values[0, 0].max() + 50  # the two best, exactly tied
+    reference = reference_walk(head.weights, x)
+    other = reference.clone()
+    other[0, 0] = second if reference[0, 0] == first else first
+    check = check_tokens(head.weights, x, other, reference)
+    assert check.ok and not check.exact and check.near_ties == 1
+
+
+def test_weight_bytes_per_method():
+    head = heads(torch.bfloat16, VOCAB)["nvfp4"]
+    w1 = BLOCK * BATCH * RANK * 2
+    assert weight_bytes("dense", head, BATCH, BLOCK, TOPK) == w1 + BLOCK * VOCAB * RANK * 2
+    assert weight_bytes("topk", head, BATCH, BLOCK, TOPK) == w1 + BLOCK * BATCH * TOPK * RANK * 2
+    nvfp4 = w1 + BLOCK * BATCH * TOPK * (RANK // 2 + RANK // 16)  # nibbles + one e4m3 scale per 16
+    assert weight_bytes("nvfp4", head, BATCH, BLOCK, TOPK) == weight_bytes("fused", head, BATCH, BLOCK, TOPK) == nvfp4
+
+
+def read_png(path) -> tuple[int, int, bytes]:
+    """Validate signature, chunk CRCs and the IDAT stream of an 8-bit RGB PNG -> width, height, raw scanlines."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    position, chunks = 8, {}
+    while position < len(data):
+        (length,) = struct.unpack(">I", data[position : position + 4])
+        kind, body = data[position + 4 : position + 8], data[position + 8 : position + 8 + length]
+        (crc,) = struct.unpack(">I", data[position + 8 + length : position + 12 + length])
+        assert crc == zlib.crc32(kind + body)
+        chunks[kind] = chunks.get(kind, b"") + body
+        position += 12 + length
+    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color) == (8, 2) and b"IEND" in chunks
+    raw = zlib.decompress(chunks[b"IDAT"])
+    assert len(raw) == height * (1 + 3 * width)
+    return width, height, raw
+
+
+def test_bench_command_end_to_end_on_cpu(tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "512", "--draft-vocab", "384",
+                                 "--rank", "32", "--block", "3", "--batch", "1,2", "--topk", "8", "--reps", "2",
+                                 "--warmup", "0", "--json", str(out_json), "--plot", str(out_png)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "4 fused walk" in result.output and "not timed" in result.output
+    doc = json.loads(out_json.read_text())
+    assert doc["tokens_ok"] and doc["d2t"] and (doc["vocab"], doc["draft_vocab"], doc["rank"]) == (512, 384, 32)
+    rows = doc["rows"]
+    for fmt in ("bf16", "nvfp4"):
+        for temperature in (0.0, 1.0):
+            for batch in (1, 2):
+                here = {(r["method"], r["mode"]) for r in rows
+                        if (r["format"], r["temperature"], r["batch"]) == (fmt, temperature, batch)}  # fmt: skip
+                expected = {("dense", "eager"), ("select", "eager"), ("topk", "eager"), ("fused", "eager"),
+                            ("fused", "interpreter")}  # fmt: skip
+                if fmt == "nvfp4":
+                    expected |= {("nvfp4", "eager"), ("nvfp4", "interpreter")}
+                assert here == expected
+    for row in rows:
+        timed = row["mode"] != "interpreter"
+        assert (row["timing"] is not None) == timed
+        if row["method"] != "select":
+            assert row["tokens"]["ok"]
+        if timed and row["method"] != "select":
+            assert row["weight_bytes"] > 0 and row["lower_bound_us"] > 0 and row["speedup_vs_dense"] > 0
+    width, height, raw = read_png(out_png)
+    assert height == 4 * 420  # one panel per (format, temperature)
+    blue = bytes((31, 119, 180))  # the first series' colour
+    assert blue in raw
+
+
+def test_bench_command_from_a_checkpoint(tmp_path, spec):
+    draft = write_draft(tmp_path / "draft", spec.with_(draft_vocab_size=200))
+    out_json = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
+                                 "--batch", "2", "--topk", "8", "--temperature", "0", "--reps", "1", "--warmup", "0",
+                                 "--json", str(out_json)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out_json.read_text())
+    assert (doc["vocab"], doc["draft_vocab"], doc["rank"], doc["d2t"]) == (spec.vocab_size, 200, spec.markov_rank, True)
+    assert doc["tokens_ok"] and str(draft) in doc["source"]
+    assert {r["format"] for r in doc["rows"]} == {"bf16", "nvfp4"}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--draft", "somewhere", "--vocab", "100"], "--draft takes the shapes"),
+        (["--vocab", "64", "--rank", "16", "--topk", "100"], "exceeds the draft vocabulary"),
+        (["--vocab", "64", "--rank", "24"], "multiple of 16"),
+        (["--vocab", "64", "--rank", "16", "--format", "fp8"], "--format takes"),
+        (["--vocab", "64", "--rank", "16", "--batch", "0,2"], "--batch takes positive integers"),
+        (["--vocab", "64", "--rank", "16", "--temperature", "-1"], "--temperature takes"),
+    ],
+)
+def test_bad_options_are_one_sentence_and_exit_2(args, message):
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.split()) and "Traceback" not in result.output
+
+
+def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_path, monkeypatch):
+    from dspark_cli.runtime import bench
+
+    monkeypatch.setattr(bench, "dense_walk", lambda w, x: reference_walk(w, x).flip(0))  # requests swapped
+    out_json = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16", "--block",
+                                 "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0",
+                                 "--reps", "1", "--warmup", "0", "--json", str(out_json)])  # fmt: skip
+    assert result.exit_code == 1 and "MISMATCH" in result.output
+    doc = json.loads(out_json.read_text())
+    assert not doc["tokens_ok"]
+    for row in doc["rows"]:
+        if row["method"] == "dense":
+            assert not row["tokens"]["ok"] and row["timing"] is None
+        elif row["method"] != "select":
+            assert row["tokens"]["ok"] and (row["timing"] is not None or row["mode"] == "interpreter")
