@@ -1,7 +1,90 @@
-"""`dspark quantize` (being written)."""
+"""`dspark quantize`: the Markov head's markov_w2 in NVFP4 W4A16 (ModelOpt format) that vLLM loads."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
 
 import typer
+from rich.table import Table
+
+from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
+
+
+class Engine(str, Enum):
+    modelopt = "modelopt"
+    torch = "torch"
 
 
 def register(app: typer.Typer) -> None:
-    """Add this command to the app (filled in by the quantize issue)."""
+    app.command("quantize")(quantize)
+
+
+@handle_errors
+def quantize(
+    checkpoint: str = typer.Argument(..., help="Draft checkpoint: a local folder or a Hugging Face hub id."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (written atomically; must not exist)."),
+    engine: Engine = typer.Option(
+        Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    revision: str = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    sample_rows: int = typer.Option(
+        None, "--sample-rows", min=0, show_default=False,
+        help="Previous tokens sampled for the Markov-bias agreement (default 128; 0 skips it).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Quantize markov_head.markov_w2 to NVFP4 W4A16; everything else is linked or copied unchanged."""
+    from dspark_cli.runtime.quantize import quantize_checkpoint
+
+    report = quantize_checkpoint(
+        checkpoint, out, engine=engine.value, force=force, revision=revision, sample_rows=sample_rows
+    )
+    for warning in report.warnings:  # stderr, so that --json keeps stdout to the one document
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        console.print(_table(report))
+
+
+def _table(report) -> Table:
+    vd, rank = report.shape
+    table = Table(title=f"dspark quantize → {report.output}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("tensor", f"{report.tensor} [{vd}, {rank}] {report.source_dtype} → NVFP4 W4A16 (group 16)"),
+        ("vLLM layer", f"{report.quantized_layer} (the only quantized layer)"),
+        ("engine", report.engine),
+        ("size", f"{_size(report.bytes_before)} → {_size(report.bytes_after)} "
+                 f"({report.compression_ratio:.2f}x smaller)"),
+        ("relative Frobenius error", f"{report.relative_frobenius_error:.4f}"),
+        ("cosine", f"{report.cosine:.5f}"),
+        ("max abs error", f"{report.max_abs_error:.4g}"),
+        ("global scale (weight_scale_2)", f"{report.global_scale:.6g}"),
+    ]
+    if report.bias is not None:
+        bias = report.bias
+        rows += [
+            (f"Markov bias, {bias.rows} previous tokens", "bf16 vs NVFP4 head"),
+            ("  top-1 agreement", f"{bias.top1_agreement:.2%}"),
+            ("  top-16 overlap", f"{bias.top16_overlap:.2%}"),
+            ("  relative error", f"{bias.relative_error:.4f}"),
+        ]
+    rows += [
+        ("rewritten shard", report.rewritten_shard),
+        ("files", f"{len(report.linked_files)} hard-linked, {len(report.copied_files)} copied"),
+        ("wall time", f"{report.wall_s:.2f} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _size(n_bytes: int) -> str:
+    for unit, factor in (("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= factor:
+            return f"{n_bytes / factor:.1f} {unit}"
+    return f"{n_bytes} B"

@@ -200,7 +200,8 @@ def dequantize_nvfp4(weight: NVFP4Weight, dtype: torch.dtype = torch.float32) ->
     out = torch.empty((n_rows, n_cols), dtype=dtype, device=weight.packed.device)
     step = _row_chunk(n_cols)
     for start in range(0, n_rows, step):
-        values = byte_values[weight.packed[start : start + step].int()]  # [R, K/2] -> [R, K/2, 2] float32
+        chunk = weight.packed[start : start + step]  # [R, K/2]
+        values = byte_values.index_select(0, chunk.reshape(-1).int()).view(*chunk.shape, 2)  # [R, K/2, 2] float32
         block_scale = weight.scale[start : start + step].float() * global_scale  # [R, K/16]
         blocks = values.view(-1, n_cols // GROUP_SIZE, GROUP_SIZE) * block_scale.unsqueeze(-1)  # [R, K/16, 16]
         out[start : start + step] = blocks.view(-1, n_cols)

@@ -326,12 +326,12 @@ def _index_shards(index: Any, index_path: Path, root: Path) -> list[str]:
         raise CheckpointError("DSP508", f"{index_path} has no valid 'weight_map' object; re-download the index.")
     shards = sorted(set(weight_map.values()))
     for name in shards:
-        target = (root / name).resolve()
-        if Path(name).is_absolute() or ".." in Path(name).parts or root.resolve() not in target.parents:
+        # Judged by the name, not by where a symlink points: hub cache snapshots link shards into blobs/.
+        if Path(name).is_absolute() or ".." in Path(name).parts:
             raise CheckpointError(
                 "DSP509", f"{index_path} names shard {name!r} outside the checkpoint folder; refusing to read it."
             )
-        if not target.is_file():
+        if not (root / name).is_file():
             raise CheckpointError(
                 "DSP510", f"{index_path} names shard {name!r}, which is missing; the download is incomplete."
             )
