@@ -1,0 +1,181 @@
+"""TargetModel: a transformers causal LM behind the three calls speculative decoding needs.
+
+    target = TargetModel.load("Qwen/Qwen3-8B", capture_indices=draft.config.hidden_state_indices)
+    logits, features = target.prefill(prompt_ids)      # [V], [T, n*Ht]
+    logits, features = target.verify(block_ids)        # [k+1, V], [k+1, n*Ht]; appends to the cache
+    target.crop(committed_length)                      # roll the cache back after a rejection
+
+Features are the HF `output_hidden_states` entries the draft reads (index = target layer id + 1,
+DeepSpec's and vLLM's convention), captured with forward hooks so that only those few tensors are
+kept: index 0 is the embedding output, index i in 1..L-1 the output of decoder layer i-1, index L the
+final norm's output, exactly as transformers numbers them.
+
+transformers 5.x portability (environment.md §5): the cache kwarg is `cache` from 5.24 and
+`past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
+is rejected by 5.24), so `crop` always passes one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from dspark_cli.errors import DsparkError
+
+
+class TargetModel:
+    """One sequence (batch 1) of a causal LM with a DynamicCache and hidden-state capture."""
+
+    def __init__(self, model: nn.Module, capture_indices: Sequence[int] = ()):
+        self.model = model.eval()
+        self.config = model.config.get_text_config()
+        self.capture_indices = list(capture_indices)
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache = self._new_cache()
+        self._captured: dict[int, torch.Tensor] = {}
+        self._capturing = False
+        self._install_hooks()
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        capture_indices: Sequence[int] = (),
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> "TargetModel":
+        """AutoModelForCausalLM.from_pretrained (never trust_remote_code) on `device` in `dtype`."""
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+        except (OSError, ValueError, KeyError) as error:
+            raise DsparkError(f"cannot load the target model {path}: {error}. Pass --target a Hugging Face causal "
+                              "LM folder or hub id (config.json + safetensors).") from error
+        return cls(model.to(device), capture_indices)
+
+    # --- geometry and shared weights -----------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_weight.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight  # [V, H]
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight  # [V, H]
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    # --- forwards --------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start a new sequence. [T] int64 -> (logits of the last position [V], features [T, n*Ht])."""
+        self.cache = self._new_cache()
+        logits = self._forward(prompt_ids, capture=True, logits_to_keep=1)
+        return logits[-1], self._take_features()
+
+    @torch.inference_mode()
+    def verify(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score [anchor, d1..dk] after the cached context and append them to the cache.
+        [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht])."""
+        logits = self._forward(block_ids, capture=True)
+        return logits, self._take_features()
+
+    @torch.inference_mode()
+    def decode_one(self, token: int) -> torch.Tensor:
+        """Plain autoregressive step (the baseline): append `token`, return the next-token logits [V]."""
+        ids = torch.tensor([token], dtype=torch.long, device=self.device)
+        return self._forward(ids, capture=False)[-1]
+
+    @torch.inference_mode()
+    def prefill_plain(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Start a new sequence without capturing features (the baseline). [T] -> last logits [V]."""
+        self.cache = self._new_cache()
+        return self._forward(prompt_ids, capture=False, logits_to_keep=1)[-1]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x)."""
+        excess = self.cache_length - length
+        if excess < 0:
+            raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.cache_length} positions")
+        if excess:
+            self.cache.crop(-excess)
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _forward(self, ids: torch.Tensor, *, capture: bool, logits_to_keep: int = 0) -> torch.Tensor:
+        """[T] int64 -> logits [T or logits_to_keep, V]; the cache grows by T."""
+        self._capturing = capture
+        try:
+            out = self.model(input_ids=ids[None], use_cache=True, logits_to_keep=logits_to_keep,
+                             **{self.cache_kwarg: self.cache})  # fmt: skip
+        finally:
+            self._capturing = False
+        return out.logits[0]
+
+    def _take_features(self) -> torch.Tensor:
+        """The captured hidden states, concatenated in the draft's order: [T, n*Ht]."""
+        try:
+            parts = [self._captured[index][0] for index in self.capture_indices]  # n x [T, Ht]
+        finally:
+            self._captured = {}
+        return torch.cat(parts, dim=-1)
+
+    def _install_hooks(self) -> None:
+        decoder = self.model.get_decoder()
+        layers = getattr(decoder, "layers", None)
+        if not isinstance(layers, nn.ModuleList):
+            raise DsparkError(f"the target {type(self.model).__name__} has no `layers` list in its decoder; dspark "
+                              "reads hidden states from decoder layers (Qwen3, Llama, Mistral, Gemma-style models).")
+        depth = len(layers)
+        for index in self.capture_indices:
+            if not 0 <= index <= depth:
+                raise DsparkError(f"the draft reads target hidden state {index} (layer id {index - 1}) but the target "
+                                  f"has {depth} layers; the draft was trained for a different target.")
+            if index == 0:
+                module = decoder.get_input_embeddings()
+            elif index < depth:
+                module = layers[index - 1]
+            else:
+                module = decoder.norm  # HF's last hidden state is the final norm's output
+            module.register_forward_hook(self._capture_hook(index))
+
+    def _capture_hook(self, index: int):
+        def hook(module: nn.Module, inputs, output) -> None:
+            if self._capturing:
+                self._captured[index] = output[0] if isinstance(output, tuple) else output  # [1, T, Ht]
+
+        return hook
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()

@@ -1,0 +1,162 @@
+"""`dspark generate` end to end on a tiny pair (CliRunner): streaming, report, --json, --baseline, input errors."""
+
+import json
+
+import pytest
+import torch
+from ckpt_factory import DraftSpec, write_target_config
+from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.runtime import demo
+
+runner = CliRunner()
+SPEC = DraftSpec(block_size=8, markov_rank=64)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target = bigram_target(root / "target", SPEC)
+    write_byte_tokenizer(target)
+    draft = bigram_draft(root / "draft", SPEC, target)
+    return str(target), str(draft)
+
+
+def generate(*args: str):
+    return runner.invoke(app, ["generate", *args])
+
+
+def test_greedy_run_with_baseline_and_json(pair, tmp_path):
+    target, draft = pair
+    out = tmp_path / "run.json"
+    result = generate("hello world", "--target", target, "--draft", draft, "--max-new-tokens", "24", "--baseline",
+                      "--json", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for text in ("per-position acceptance", "τ (incl. bonus)", "speedup", "confidence calibration",
+                 "greedy output identical to plain decoding on all 1 prompts"):  # fmt: skip
+        assert text in result.output
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["block_size"] == 8 and doc["settings"]["markov"] == "dense"
+    assert doc["settings"]["dtype"] == "float32" and doc["settings"]["device"] == "cpu"
+    summary = doc["summary"]
+    assert summary["tau"] > 1.0 and len(summary["acceptance_conditional"]) == 8
+    assert summary["baseline"]["speedup"] > 0 and summary["calibration"] is not None
+    (run,) = doc["prompts"]
+    assert run["tokens"] == run["baseline_tokens"] and run["first_divergence"] is None
+    streamed = run["completion"].translate(dict.fromkeys(map(ord, "\a\b\v\f\r")))  # rich drops these controls
+    assert streamed and streamed in result.output  # the text was streamed as it was accepted
+
+
+def test_prompt_files_sampling_and_json_on_stdout(pair, tmp_path):
+    target, draft = pair
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "first prompt"}\n"second prompt"\n\n')
+    args = ["--prompts", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "12",
+            "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--markov", "topk", "--draft-topk", "16",
+            "--confidence-threshold", "0.2", "--json", "-"]  # fmt: skip
+    first, second = generate(*args), generate(*args)
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)  # the streamed text and the report went to stderr
+    assert [run["prompt"] for run in doc["prompts"]] == ["first prompt", "second prompt"]
+    assert doc["settings"]["markov"] == "topk" and doc["settings"]["draft_topk"] == 16
+    assert doc["summary"]["baseline"] is None
+    assert json.loads(second.stdout)["prompts"] == doc["prompts"]  # --seed makes the run reproducible
+
+
+def test_text_prompt_file(pair, tmp_path):
+    target, draft = pair
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\n\ntwo\n")
+    result = generate("--prompts", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "4",
+                      "--block-size", "3", "--json", str(tmp_path / "r.json"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [run["prompt"] for run in doc["prompts"]] == ["one", "two"] and doc["summary"]["block_size"] == 3
+
+
+def test_demo_pair_missing_is_one_sentence(monkeypatch, tmp_path):
+    monkeypatch.setattr(demo, "DEMO_DIR", tmp_path / "no-demo")
+    result = generate("hello")
+    assert result.exit_code == 2
+    assert "the demo pair is not built yet; run `python scripts/build_demo.py` or pass --target and --draft" in (
+        " ".join(result.output.split())
+    )
+
+
+def test_demo_pair_is_used_without_target_and_draft(monkeypatch, pair, tmp_path):
+    target, draft = pair
+    root = tmp_path / "demo"
+    root.mkdir()
+    (root / "target").symlink_to(target)
+    (root / "draft").symlink_to(draft)
+    monkeypatch.setattr(demo, "DEMO_DIR", root)
+    result = generate("--max-new-tokens", "4", "--json", str(tmp_path / "r.json"))  # no prompt: the demo's own
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["settings"]["target"] == str(root / "target")
+    assert [run["prompt"] for run in doc["prompts"]] == list(demo.DEMO_PROMPTS)
+
+
+def test_no_prompt_with_an_explicit_pair_is_refused(pair):
+    result = generate("--target", pair[0], "--draft", pair[1])
+    assert result.exit_code == 2 and "give a PROMPT argument or --prompts FILE" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--block-size", "9"], "--block-size 9 is larger than the 8 draft tokens"),
+        (["--markov", "nvfp4", "--draft-topk", "8"], "needs a draft whose markov_w2 is NVFP4"),
+        (["--markov", "topk"], "pass --draft-topk"),
+        (["--markov", "sparse"], "--markov must be one of"),
+        (["--draft-topk", "999"], "--draft-topk must be between 1 and"),
+        (["--confidence-threshold", "1.5"], "--confidence-threshold must be in (0, 1]"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--chat"], "has no chat template"),
+        (["--dtype", "int8"], "--dtype must be"),
+    ],
+)
+def test_bad_options_are_one_clear_sentence(pair, args, message):
+    target, draft = pair
+    result = generate("hello", "--target", target, "--draft", draft, "--max-new-tokens", "2", *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_target_without_draft_is_refused(pair):
+    result = generate("hello", "--target", pair[0])
+    assert result.exit_code == 2 and "pass both --target and --draft" in result.output
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("p.csv", "a,b\n", "use a .txt file"),
+        ("p.jsonl", "{not json\n", "line 1 is not JSON"),
+        ("p.jsonl", '{"text": "x"}\n', "line 1: give a JSON string or an object with a 'prompt'"),
+    ],
+)
+def test_bad_prompt_files(pair, tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    result = generate("--prompts", str(path), "--target", pair[0], "--draft", pair[1])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_incompatible_target_is_refused_before_loading(pair, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    write_target_config(other, SPEC, hidden_size=32)  # config.json only: no weights to load
+    result = generate("hello", "--target", str(other), "--draft", pair[1])
+    assert result.exit_code == 2 and "DSP024" in result.output

@@ -1,0 +1,107 @@
+"""TargetModel (runtime/target.py): hidden-state capture, verify + crop against a full recompute, both cache kwargs."""
+
+import inspect
+
+import pytest
+import torch
+from ckpt_factory import DraftSpec, tiny_target
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.target import TargetModel
+
+PROMPT = [5, 17, 33, 2, 99, 7]
+BLOCK = [12, 200, 3, 45, 9]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny shapes: a second thread only adds contention on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return tiny_target(tmp_path_factory.mktemp("target") / "t", DraftSpec())  # 4 layers, vocab 256
+
+
+def full_forward(target: TargetModel, ids: list[int]):
+    """A cache-free forward of the whole sequence: (logits [T, V], hidden_states tuple of [T, H])."""
+    with torch.no_grad():
+        out = target.model(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    return out.logits[0], [h[0] for h in out.hidden_states]
+
+
+@pytest.mark.parametrize("indices", [(1, 3), (0, 2, 4)])  # 4 = the final norm's output, 0 = the embedding
+def test_prefill_features_are_the_requested_hidden_states(target_dir, indices):
+    target = TargetModel.load(target_dir, indices)
+    logits, features = target.prefill(torch.tensor(PROMPT))
+    full_logits, hidden = full_forward(target, PROMPT)
+    torch.testing.assert_close(logits, full_logits[-1])
+    torch.testing.assert_close(features, torch.cat([hidden[i] for i in indices], dim=-1))
+    assert target.cache_length == len(PROMPT)
+
+
+@pytest.mark.parametrize("kwarg", ["cache", "past_key_values"])
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+def test_verify_and_crop_equal_a_full_recompute(target_dir, kwarg):
+    target = TargetModel.load(target_dir, (1, 3))
+    if kwarg == "cache" and target.cache_kwarg != "cache":
+        pytest.skip("this transformers version (< 5.24) has no `cache` kwarg")
+    target.cache_kwarg = kwarg  # 5.24 accepts both (past_key_values deprecated); 5.17/5.18 only past_key_values
+    target.prefill(torch.tensor(PROMPT))
+    logits, features = target.verify(torch.tensor(BLOCK))
+    full_logits, hidden = full_forward(target, PROMPT + BLOCK)
+    torch.testing.assert_close(logits, full_logits[len(PROMPT) :], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(features, torch.cat([hidden[1], hidden[3]], -1)[len(PROMPT) :], rtol=1e-5, atol=1e-5)
+
+    keep = len(PROMPT) + 2  # accept two block tokens, then continue with a different one
+    target.crop(keep)
+    assert target.cache_length == keep
+    logits, _ = target.verify(torch.tensor([77, 78]))
+    sequence = PROMPT + BLOCK[:2] + [77, 78]
+    full_logits, _ = full_forward(target, sequence)
+    torch.testing.assert_close(logits, full_logits[keep:], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_kwarg_follows_the_installed_transformers(target_dir):
+    target = TargetModel.load(target_dir, (1,))
+    parameters = inspect.signature(target.model.forward).parameters
+    assert target.cache_kwarg == ("cache" if "cache" in parameters else "past_key_values")
+    assert target.cache_kwarg in parameters
+
+
+def test_plain_decoding_matches_a_full_forward_and_captures_nothing(target_dir):
+    target = TargetModel.load(target_dir, (1, 3))
+    first = target.prefill_plain(torch.tensor(PROMPT))
+    second = target.decode_one(BLOCK[0])
+    full_logits, _ = full_forward(target, PROMPT + BLOCK[:1])
+    torch.testing.assert_close(first, full_logits[-2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second, full_logits[-1], rtol=1e-5, atol=1e-5)
+    assert target._captured == {}
+
+
+def test_geometry_and_shared_weights(target_dir):
+    target = TargetModel.load(target_dir, (1,))
+    assert (target.vocab_size, target.hidden_size, target.num_layers) == (256, 64, 4)
+    assert target.embed_weight.shape == target.lm_head_weight.shape == (256, 64)
+    assert target.device.type == "cpu" and target.dtype == torch.float32
+
+
+def test_crop_cannot_grow_the_cache(target_dir):
+    target = TargetModel.load(target_dir, (1,))
+    target.prefill(torch.tensor(PROMPT))
+    with pytest.raises(ValueError, match="holds only"):
+        target.crop(len(PROMPT) + 1)
+
+
+def test_capture_index_beyond_the_depth_is_a_clear_error(target_dir):
+    with pytest.raises(DsparkError, match="target hidden state 5 .* has 4 layers"):
+        TargetModel.load(target_dir, (1, 5))
+
+
+def test_missing_target_is_a_clear_error(tmp_path):
+    with pytest.raises(DsparkError, match="cannot load the target model"):
+        TargetModel.load(tmp_path / "nothing", (1,))
