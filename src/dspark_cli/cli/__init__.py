@@ -1,5 +1,7 @@
 """The `dspark` Typer app. Command modules import only typer here; heavy imports live inside commands."""
 
+import os
+
 import typer
 
 from dspark_cli import __version__
@@ -40,4 +42,7 @@ _register()
 
 
 def main() -> None:
+    # Idle OpenMP threads sleep instead of spinning: on a shared CPU, spinning threads made one decode step 16x
+    # slower. Set before torch is imported (commands import it lazily); an explicit user setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     app()
