@@ -43,14 +43,6 @@ DRAFTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pairs")

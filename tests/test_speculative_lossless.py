@@ -51,14 +51,6 @@ def power_lower_bound(df: int, total: int) -> float:
     return 0.5 * math.erfc((chi_square_threshold(df) - mean) / (sd * math.sqrt(2.0)))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("lossless")

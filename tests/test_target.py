@@ -13,15 +13,6 @@ PROMPT = [5, 17, 33, 2, 99, 7]
 BLOCK = [12, 200, 3, 45, 9]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes: a second thread only adds contention on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
     return tiny_target(tmp_path_factory.mktemp("target") / "t", DraftSpec())  # 4 layers, vocab 256

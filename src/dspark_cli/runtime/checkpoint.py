@@ -7,13 +7,14 @@ level, so `dspark validate` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from dspark_cli.errors import DsparkError
 
@@ -135,22 +136,30 @@ def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
     return _config_object(read_json(config_path, "target config.json"), config_path)
 
 
-def _hub_file(repo_id: str, name: str, revision: str | None = None) -> Path:
-    from huggingface_hub import hf_hub_download
+@contextlib.contextmanager
+def _hub_errors(what: str) -> Iterator[None]:
+    """Turn Hugging Face Hub failures while reading `what` into one DSP511 sentence."""
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
-        return Path(hf_hub_download(repo_id, name, revision=revision))
+        yield
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
         raise CheckpointError(
-            "DSP511", f"{repo_id}/{name} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "DSP511", f"{what} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
             "download it first or unset HF_HUB_OFFLINE."
         ) from None
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise CheckpointError(
-            "DSP511", f"{repo_id}/{name} could not be read from the Hugging Face Hub ({type(error).__name__}); "
-            "check the id, your token and the network."
+            "DSP511", f"{what} could not be read from the Hugging Face Hub ({type(error).__name__}); "
+            "check the id, --revision, your token and the network."
         ) from None
+
+
+def _hub_file(repo_id: str, name: str, revision: str | None = None) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    with _hub_errors(f"{repo_id}/{name}"):
+        return Path(hf_hub_download(repo_id, name, revision=revision))
 
 
 def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> Checkpoint:
@@ -345,9 +354,8 @@ def _hub_offline() -> bool:
 def _open_hub(repo_id: str, revision: str | None) -> Checkpoint:
     """Hub checkpoint: headers are read remotely (safetensors metadata API); offline, from the local cache."""
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    try:
+    with _hub_errors(repo_id):
         if _hub_offline():
             folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
             ckpt = _open_local(repo_id, folder)
@@ -363,16 +371,6 @@ def _open_hub(repo_id: str, revision: str | None) -> Checkpoint:
             ckpt.hf_quant_config = _config_object(read_json(quant_path, QUANT_CONFIG_FILE),
                                                   f"{repo_id}/{QUANT_CONFIG_FILE}")
         meta = api.get_safetensors_metadata(repo_id, revision=revision)
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise CheckpointError(
-            "DSP511", f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-            "download it first or unset HF_HUB_OFFLINE."
-        ) from None
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        raise CheckpointError(
-            "DSP511", f"{repo_id} could not be read from the Hugging Face Hub ({type(error).__name__}); "
-            "check the id, --revision, your token and the network."
-        ) from None
     for file_name, file_meta in meta.files_metadata.items():
         ckpt.shards[file_name] = {
             name: TensorInfo(name, t.dtype, tuple(t.shape), file_name, t.data_offsets[0], t.data_offsets[1])
