@@ -1,0 +1,347 @@
+"""Build the demo pair that ships in the package, offline and deterministically (scripts/build_demo.py).
+
+From the running interpreter's standard-library sources (every `held_out_every`-th file held out):
+a byte-level BPE tokenizer, a small Qwen3 target trained on next-token prediction, then a DSpark draft
+and, for comparison, a DFlash draft (Markov rank 0, no confidence head) trained in lock-step on the same
+batches and anchors, and both evaluated with the real speculative loop on held-out prompts at T = 0 and 1.
+The target, the DSpark draft and the tokenizer are written in bf16 with a model card.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer, evaluate_lm, train_causal_lm
+from dspark_cli.runtime.training import (DraftShape, DraftTrainer, TrainOptions, new_draft, save_final,
+                                         train_lockstep)
+from dspark_cli.runtime.training_data import (SequenceBank, TokenStream, split_held_out, stdlib_sources,
+                                              tokenize_stream)
+
+Log = Callable[[str], None]
+STAGE_FILE = "stage.json"
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    vocab_size: int = 1024
+    target: TargetGeometry = TargetGeometry(vocab_size=1024, hidden_size=192, intermediate_size=576,
+                                            num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+                                            head_dim=32)
+    target_steps: int = 3000
+    target_batch_size: int = 8
+    target_seq_len: int = 256
+    target_lr: float = 2e-3
+    draft: DraftShape = DraftShape(layers=3, block_size=7, target_layers=(0, 1, 2), markov_rank=128)
+    draft_options: TrainOptions = TrainOptions(steps=2500, batch_size=8, seq_len=256, anchors=32, lr=6e-3)
+    distill_sequences: int = 2048  # drafts train on held-in prompts + the target's own continuations; 0: raw text
+    distill_prompt_tokens: int = 32
+    held_out_every: int = 25
+    eval_prompts: int = 24
+    eval_prompt_tokens: int = 48
+    eval_new_tokens: int = 128
+    seed: int = 0
+
+    @property
+    def dflash(self) -> DraftShape:
+        return replace(self.draft, markov_rank=0, confidence=False, confidence_with_markov=False)
+
+
+@dataclass
+class DraftResult:
+    name: str
+    tau: dict[str, float]  # "T=0" / "T=1" -> mean committed tokens per round, pooled over all prompts
+    accept_at: dict[str, list[float]]  # per position j: rounds with > j accepted / rounds
+    train_tau_estimate: float
+    seconds: float
+
+
+@dataclass
+class DemoReport:
+    recipe: dict
+    corpus: dict
+    target_val_loss: float
+    seconds: dict[str, float] = field(default_factory=dict)
+    drafts: list[DraftResult] = field(default_factory=list)
+    sizes_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def round_to_bf16_(model: torch.nn.Module) -> None:
+    """Make fp32 weights exactly what the bf16 files will hold, so training and evaluation see the shipped pair."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Log = print) -> DemoReport:
+    """Build target/ and draft/ into `out`; `work` receives the DFlash draft (evaluated, not shipped)."""
+    out, work = Path(out), Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    clock = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name] = round(now - clock, 1)
+        clock = now
+        log(f"{name}: {seconds[name]:.0f} s")
+
+    files = stdlib_sources()
+    train_files, held_files = split_held_out(files, recipe.held_out_every)
+    tokenizer = build_tokenizer(train_files, recipe.vocab_size)
+    train_stream = _stream(train_files, tokenizer)
+    held_stream = _stream(held_files, tokenizer)
+    corpus = {"stdlib": str(files[0].parents[len(files[0].relative_to(_stdlib_root(files)).parts) - 1]),
+              "python": platform.python_version(), "train_files": len(train_files), "held_out_files": len(held_files),
+              "held_out_names": [f.name for f in held_files], "train_tokens": len(train_stream),
+              "held_out_tokens": len(held_stream)}
+    log(f"corpus: {len(train_files)} training files ({len(train_stream):,} tokens), {len(held_files)} held out")
+    lap("tokenizer")
+
+    target, val_loss, target_seconds = _target_stage(work / "target", recipe, tokenizer, train_stream, held_stream, log)
+    target_dir = out / "target"
+    _save_target(target, tokenizer, target_dir)
+    lap("target")
+    if target_seconds is not None:
+        seconds["target"] = target_seconds  # the cached stage: report the time it took when it was built
+
+    draft_data = train_stream
+    if recipe.distill_sequences:
+        draft_data = self_distillation_data(target, train_stream, recipe)
+        log(f"self-distillation data: {draft_data.rows.shape[0]} sequences of {draft_data.rows.shape[1]} tokens")
+        lap("self-distillation data")
+
+    trainers = []
+    for shape in (recipe.draft, recipe.dflash):
+        torch.manual_seed(recipe.seed)
+        options = replace(recipe.draft_options, seed=recipe.seed)
+        draft, _ = new_draft(target, tokenizer, shape, options.anchors_per_sequence(options.seq_len))
+        trainers.append(DraftTrainer(target, draft, draft_data, options))
+    estimates = [0.0, 0.0]
+
+    def report(step: int, terms) -> None:
+        for i, t in enumerate(terms):
+            estimates[i] = 0.9 * estimates[i] + 0.1 * t.tau if step > 1 else t.tau
+        if step % 100 == 0:
+            log(f"draft step {step}: DSpark loss {terms[0].loss.item():.3f} τ≈{estimates[0]:.2f}, "
+                f"DFlash loss {terms[1].loss.item():.3f} τ≈{estimates[1]:.2f}")
+
+    train_lockstep(trainers, report)
+    draft_dir, dflash_dir = out / "draft", work / "dflash_draft"
+    for trainer, folder in ((trainers[0], draft_dir), (trainers[1], dflash_dir)):
+        folder.mkdir(parents=True, exist_ok=True)
+        save_final(trainer.draft, folder)
+    lap("drafts")
+
+    results = []
+    for name, folder, estimate in (("DSpark", draft_dir, estimates[0]), ("DFlash", dflash_dir, estimates[1])):
+        started = time.perf_counter()
+        tau, accept_at = evaluate_pair(target_dir, folder, held_stream, recipe)
+        results.append(DraftResult(name, tau, accept_at, round(estimate, 3), round(time.perf_counter() - started, 1)))
+        log(f"{name}: τ {tau}")
+    lap("evaluation")
+
+    sizes = {name: sum(f.stat().st_size for f in (out / name).rglob("*") if f.is_file()) for name in ("target", "draft")}
+    return DemoReport(recipe=_recipe_dict(recipe), corpus=corpus, target_val_loss=round(val_loss, 4),
+                      seconds=seconds, drafts=results, sizes_bytes=sizes)
+
+
+def _target_stage(folder: Path, recipe: DemoRecipe, tokenizer, train_stream: TokenStream, held_stream: TokenStream,
+                  log: Log):
+    """Train the target, or reuse `folder` when it holds a target built by this same target recipe (the slowest
+    stage; the drafts can then be rebuilt alone). -> (fp32 model with bf16-exact weights, held-out loss,
+    seconds of the cached build or None)."""
+    from transformers import AutoModelForCausalLM
+
+    key = {**_target_key(recipe), "tokenizer_vocab": sorted(tokenizer.get_vocab().items())}
+    stage_file = folder / STAGE_FILE
+    if stage_file.is_file() and json.loads(stage_file.read_text())["key"] == json.loads(json.dumps(key)):
+        stage = json.loads(stage_file.read_text())
+        log(f"reusing the target built earlier in {folder} (same recipe)")
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        return model, stage["held_out_loss"], stage["seconds"]
+    started = time.perf_counter()
+    model = recipe.target.build(tokenizer.eos_token_id, recipe.seed)
+    train_causal_lm(model, train_stream, steps=recipe.target_steps, batch_size=recipe.target_batch_size,
+                    seq_len=recipe.target_seq_len, lr=recipe.target_lr, seed=recipe.seed,
+                    on_step=_every(100, lambda s: log(f"target step {s.step}/{s.steps} loss {s.loss:.3f} "
+                                                      f"({s.tokens_per_s:,.0f} tok/s)")))
+    round_to_bf16_(model)
+    val_loss = evaluate_lm(model, held_stream, recipe.target_seq_len)
+    log(f"target held-out loss {val_loss:.3f}")
+    _save_target(model, tokenizer, folder)
+    stage = {"key": key, "held_out_loss": round(val_loss, 4), "seconds": round(time.perf_counter() - started, 1)}
+    stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    return model, stage["held_out_loss"], None
+
+
+@torch.no_grad()
+def self_distillation_data(target, stream: TokenStream, recipe: DemoRecipe) -> SequenceBank:
+    """Random training-text prompts continued by the target itself, alternately greedy and sampled at T = 1, so
+    that the drafts learn on the prefixes they will see when drafting for this target. -> [N, seq_len] rows."""
+    from transformers import GenerationConfig
+
+    prompt_len, seq_len = recipe.distill_prompt_tokens, recipe.draft_options.seq_len
+    generator = torch.Generator().manual_seed(recipe.seed + 1)
+    starts = torch.randint(0, len(stream) - prompt_len, (recipe.distill_sequences,), generator=generator)
+    prompts = stream.tokens[starts[:, None] + torch.arange(prompt_len)]  # [N, P]
+    eos = target.config.eos_token_id
+    length = {"max_new_tokens": seq_len - prompt_len, "min_new_tokens": seq_len - prompt_len, "pad_token_id": eos,
+              "eos_token_id": eos}
+    modes = [GenerationConfig(do_sample=False, **length),
+             GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, **length)]
+    torch.manual_seed(recipe.seed)
+    rows = [target.generate(chunk, attention_mask=torch.ones_like(chunk), generation_config=modes[i % 2])
+            for i, chunk in enumerate(prompts.split(64))]
+    return SequenceBank(torch.cat(rows))
+
+
+def _target_key(recipe: DemoRecipe) -> dict:
+    """Everything the target's weights depend on."""
+    return {"vocab_size": recipe.vocab_size, "target": asdict(recipe.target), "steps": recipe.target_steps,
+            "batch_size": recipe.target_batch_size, "seq_len": recipe.target_seq_len, "lr": recipe.target_lr,
+            "seed": recipe.seed, "held_out_every": recipe.held_out_every, "python": platform.python_version(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def evaluate_pair(target_dir: Path, draft_dir: Path, held_stream: TokenStream, recipe: DemoRecipe):
+    """τ (committed tokens per round) of the saved pair with the real speculative loop at T = 0 and T = 1."""
+    from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.sampling import SamplingParams
+    from dspark_cli.runtime.speculative import speculative_generate
+    from dspark_cli.runtime.target import TargetModel
+
+    draft = DSparkDraft.from_checkpoint(draft_dir)
+    target = TargetModel.load(target_dir, capture_indices=draft.config.hidden_state_indices)
+    prompts = eval_prompts(held_stream, recipe)
+    block = draft.config.block_size.value
+    tau, accept_at = {}, {}
+    for temperature in (0.0, 1.0):
+        rounds = []
+        for i, prompt in enumerate(prompts):
+            generator = torch.Generator().manual_seed(recipe.seed + i)
+            result = speculative_generate(target, draft, prompt, SamplingParams(temperature=temperature),
+                                          block_size=block, max_new_tokens=recipe.eval_new_tokens,
+                                          generator=generator)
+            rounds.extend(result.stats.rounds)
+        key = f"T={temperature:g}"
+        tau[key] = round(sum(r.emitted for r in rounds) / len(rounds), 3)
+        accept_at[key] = [round(sum(r.accepted > j for r in rounds) / len(rounds), 3) for j in range(block)]
+    return tau, accept_at
+
+
+def eval_prompts(held_stream: TokenStream, recipe: DemoRecipe) -> list[torch.Tensor]:
+    """Evenly spaced prompts of eval_prompt_tokens tokens from the held-out stream."""
+    n, length = recipe.eval_prompts, recipe.eval_prompt_tokens
+    stride = (len(held_stream) - length) // n
+    return [held_stream.tokens[i * stride: i * stride + length] for i in range(n)]
+
+
+def _stream(files: list[Path], tokenizer) -> TokenStream:
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    return TokenStream(tokenize_stream(texts, tokenizer, tokenizer.eos_token_id))
+
+
+def _stdlib_root(files: list[Path]) -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _save_target(model, tokenizer, folder: Path) -> None:
+    model.to(torch.bfloat16).save_pretrained(folder)
+    model.float()
+    tokenizer.save_pretrained(folder)
+
+
+def _every(n: int, callback):
+    return lambda step: callback(step) if step.step % n == 0 or step.step == step.steps else None
+
+
+def _recipe_dict(recipe: DemoRecipe) -> dict:
+    doc = asdict(recipe)
+    doc["python"] = sys.version.split()[0]
+    doc["torch"] = torch.__version__
+    return doc
+
+
+def report_json(report: DemoReport) -> str:
+    return json.dumps(asdict(report), indent=2) + "\n"
+
+
+def model_card(report: DemoReport, recipe: DemoRecipe) -> str:
+    """MODEL_CARD.md for the shipped pair: how it was built and what it measures."""
+    t, d, o = recipe.target, recipe.draft, recipe.draft_options
+    dspark, dflash = report.drafts
+    corpus = report.corpus
+    rows = "\n".join(
+        f"| {r.name} | {r.tau['T=0']:.2f} | {r.tau['T=1']:.2f} | {' '.join(f'{a:.2f}' for a in r.accept_at['T=0'])} |"
+        for r in report.drafts)
+    ratio = {k: dspark.tau[k] / dflash.tau[k] for k in dspark.tau}
+    minutes = {k: v / 60 for k, v in report.seconds.items()}
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in minutes.items())
+    if recipe.distill_sequences:
+        data = (f"{recipe.distill_sequences} prompts of {recipe.distill_prompt_tokens} tokens drawn from the training "
+                f"stream, each continued to {o.seq_len} tokens by the target itself (alternate batches of 64 greedy "
+                f"and sampled at T = 1; {minutes['self-distillation data']:.1f} min). Trained on raw text only, the "
+                "drafts never learn the target's own habits, such as the repetition loops of its greedy output.")
+    else:
+        data = "the target's training stream (raw text)."
+    mb = {k: v / 1e6 for k, v in report.sizes_bytes.items()}
+    return f"""# dspark demo pair
+
+A tiny Qwen3 target and a DSpark draft for it, trained from scratch on CPU from the Python {corpus['python']}
+standard-library sources, so that `dspark generate` works offline out of the box. It writes Python-like
+text; it is a demonstration of the speculative-decoding machinery, not a useful language model.
+
+Rebuild it with `python scripts/build_demo.py` (deterministic for a given interpreter, torch version and thread
+count). Minutes per stage on 2 CPU cores shared with other jobs: {stages}; total {sum(minutes.values()):.0f}.
+
+## Contents
+
+| folder | what | size |
+|---|---|---|
+| `target/` | Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers, {t.num_attention_heads}/{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab {t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, `<\\|mask\\|>` = 1 is the draft's mask token) | {mb['target']:.1f} MB |
+| `draft/` | DSpark draft in DeepSpec format: {d.layers} layer, block size {d.block_size}, target layers {list(d.target_layers)}, vanilla Markov head rank {d.markov_rank}, confidence head with Markov input; bf16, embed_tokens/lm_head = frozen copies of the target's | {mb['draft']:.1f} MB |
+
+## How it was built
+
+- **Corpus**: {corpus['train_files']} standard-library `.py` files (no tests, IDLE or site-packages), sorted by path;
+  every {recipe.held_out_every}th file ({corpus['held_out_files']} files, {corpus['held_out_tokens']:,} tokens) is held out
+  for evaluation. Training stream: {corpus['train_tokens']:,} tokens.
+- **Tokenizer**: byte-level BPE, vocabulary {recipe.vocab_size}, trained on the training files only.
+- **Target**: next-token cross-entropy, AdamW (β 0.9/0.95, weight decay 0.1), peak lr {recipe.target_lr}, warm-up
+  then cosine decay, {recipe.target_steps} steps of {recipe.target_batch_size} × {recipe.target_seq_len} tokens
+  ({recipe.target_steps * recipe.target_batch_size * recipe.target_seq_len / 1e6:.1f} M tokens). Held-out loss
+  {report.target_val_loss:.3f} nats/token. Weights rounded to bf16 before the drafts are trained, so the drafts
+  learn the shipped target.
+- **Draft training data**: {data}
+- **Drafts** (`dspark train`'s objective, docs/train.md): online distillation against the frozen target, {o.anchors}
+  random anchors per {o.seq_len}-token window, blocks of {d.block_size} with the non-causal block mask, loss
+  {o.ce_alpha}·CE + {o.l1_alpha}·L1(draft, target) + {o.confidence_alpha}·BCE(confidence, 1 − TV), position
+  weights exp(−j/{o.decay_gamma:g}), Markov head teacher-forced. {o.steps} steps of {o.batch_size} windows, AdamW
+  lr {o.lr}, warm-up {o.warmup_ratio:.0%} then cosine decay. The DFlash draft (Markov rank 0, no confidence head)
+  was trained in lock-step with the DSpark draft on exactly the same batches and anchors (same budget); it is not
+  shipped.
+
+## Measured acceptance (held-out files)
+
+Real speculative loop (`runtime/speculative.py`), {recipe.eval_prompts} prompts of {recipe.eval_prompt_tokens} tokens taken
+evenly from the held-out stream, {recipe.eval_new_tokens} new tokens each, block size {d.block_size}, drafts sampled at the
+target's temperature, lossless verification. τ = committed tokens per target forward (accepted + 1), pooled over
+all rounds.
+
+| draft | τ at T=0 | τ at T=1 | share of rounds accepting > j drafts at T=0 (j = 0..{d.block_size - 1}) |
+|---|---|---|---|
+{rows}
+
+DSpark / DFlash: {ratio['T=0']:.2f}× at T=0, {ratio['T=1']:.2f}× at T=1.
+"""

@@ -1,0 +1,548 @@
+"""Online distillation of a DSpark (or DFlash, Markov rank 0) draft against a frozen Hugging Face causal LM.
+
+The objective follows DeepSpec (`deepspec/modeling/dspark/{common,loss}.py`), read for facts only:
+
+- per training sequence, `anchors` distinct positions are drawn uniformly (each with at least one label inside
+  the window); the draft's block for anchor a is [token_a, mask * (B-1)] at positions a..a+B-1 and slot j
+  predicts the token at a+j+1;
+- each block slot attends to the context strictly before its anchor (target features, keys at their own
+  positions) and bidirectionally to its own block; all blocks of a sequence run in one forward;
+- the Markov head is teacher-forced: slot j adds W2 W1[prev_j] with prev_0 = the anchor, prev_j = the true
+  token a+j;
+- loss = ce_alpha * CE(draft, true token) + l1_alpha * L1(draft probs, target probs) + confidence_alpha *
+  BCE(confidence logit, 1 - L1/2), where L1 = sum |p - q| = 2 TV and the target distribution is the target's
+  own next-token softmax at a+j (T = 1). Each term is a mean weighted by exp(-j / gamma) over valid slots.
+
+Target states are computed on the fly with the target frozen (no gradient); the draft shares frozen copies of
+the target's embedding and lm_head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.config import DraftConfig
+from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.training_data import SequenceBank, TokenStream
+
+TRAINER_STATE = "trainer_state.safetensors"
+TRAINER_JSON = "trainer_state.json"
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """Geometry of a new draft; the backbone width, heads and MLP are copied from the target."""
+
+    layers: int = 1
+    block_size: int = 7
+    target_layers: tuple[int, ...] | None = None  # None: evenly spaced (default_target_layers)
+    markov_rank: int = 256  # 0: a DFlash draft
+    confidence: bool = True
+    confidence_with_markov: bool = True
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a free or an added id
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    steps: int = 1000
+    batch_size: int = 8
+    seq_len: int = 512
+    anchors: int | None = None  # per sequence; None: seq_len // 8 (DeepSpec: 512 per 4096 tokens)
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    ce_alpha: float = 0.1
+    l1_alpha: float = 0.9
+    confidence_alpha: float = 1.0
+    decay_gamma: float = 4.0  # position weight exp(-j / gamma)
+    seed: int = 0
+    save_every: int = 0  # 0: only the final checkpoint
+
+    def anchors_per_sequence(self, seq_len: int) -> int:
+        return max(1, min(self.anchors or seq_len // 8, seq_len - 1))
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int
+    steps: int
+    loss: float
+    ce: float
+    l1: float
+    confidence: float
+    accept: list[float]  # per block position: mean of 1 - TV(draft, target)
+    tau: float  # expected acceptance length per round at T = 1: 1 + sum_k prod_{j<=k} accept_j, per block
+    lr: float
+    tokens_per_s: float
+
+
+@dataclass
+class MaskChoice:
+    token_id: int
+    vocab_size: int  # draft input vocabulary (target rows, + 1 when the mask token was added)
+    note: str
+
+
+# --- draft construction --------------------------------------------------------------------------------------
+
+def default_target_layers(num_target_layers: int, count: int) -> list[int]:
+    """Evenly spaced target layers as DeepSpec / z-lab choose them (1 .. L-3; one draft layer: the middle one).
+
+    Small targets (under 6 layers) use 0 .. L-2; the last layer is never used (HF's last hidden state is
+    post-norm). Duplicates after rounding are dropped.
+    """
+    if num_target_layers < 2:
+        raise DsparkError(f"the target has {num_target_layers} layer(s); a draft needs a target with at least 2.")
+    if count == 1:
+        return [num_target_layers // 2 - (1 if num_target_layers <= 2 else 0)]
+    start, end = (1, num_target_layers - 3) if num_target_layers >= 6 else (0, num_target_layers - 2)
+    ids = {round(start + i * (end - start) / (count - 1)) for i in range(count)}
+    return sorted(ids)
+
+
+def choose_mask_token(tokenizer, embedding_rows: int, requested: int | None) -> MaskChoice:
+    """The draft's mask token: as requested, the tokenizer's mask token, a free embedding row, or one added."""
+    if requested is not None:
+        if not 0 <= requested <= embedding_rows:
+            raise DsparkError(f"--mask-token-id {requested} is outside the target's vocabulary (0..{embedding_rows - 1}"
+                              f", or {embedding_rows} to add one).")
+        if requested == embedding_rows:
+            return MaskChoice(requested, embedding_rows + 1, f"mask token {requested} added to the vocabulary")
+        return MaskChoice(requested, embedding_rows, f"mask token {requested} (as requested)")
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = tokenizer.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tokenizer.get_vocab() else None
+    if mask_id is not None and mask_id < embedding_rows:
+        return MaskChoice(mask_id, embedding_rows, f"mask token {mask_id} (the tokenizer's mask token)")
+    if len(tokenizer) < embedding_rows:
+        return MaskChoice(len(tokenizer), embedding_rows,
+                          f"mask token {len(tokenizer)} (the first embedding row the tokenizer never produces)")
+    return MaskChoice(embedding_rows, embedding_rows + 1,
+                      f"the tokenizer has no free id: mask token {embedding_rows} added to the draft's vocabulary "
+                      "(the draft ships its own embed_tokens with one extra row)")
+
+
+def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: list[int], mask: MaskChoice,
+                      anchors: int) -> dict:
+    """DeepSpec's layout: the target's Qwen3 config with the draft fields overridden."""
+    config = {k: v for k, v in target_config.items()
+              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
+                           "sliding_window", "use_sliding_window", "max_window_layers")}
+    target_vocab = target_config["vocab_size"]
+    config.update(
+        architectures=["Qwen3DSparkModel"],
+        model_type="qwen3",
+        num_hidden_layers=shape.layers,
+        num_target_layers=target_config["num_hidden_layers"],
+        layer_types=["full_attention"] * shape.layers,
+        target_layer_ids=list(target_layers),
+        mask_token_id=mask.token_id,
+        block_size=shape.block_size,
+        num_anchors=anchors,
+        markov_rank=shape.markov_rank,
+        enable_confidence_head=shape.confidence,
+        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
+        tie_word_embeddings=False,
+        vocab_size=mask.vocab_size,
+        use_cache=True,
+    )
+    if shape.markov_rank:
+        config["markov_head_type"] = "vanilla"
+    if mask.vocab_size != target_vocab:
+        config["draft_vocab_size"] = target_vocab
+    return config
+
+
+def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
+    """A freshly initialised draft for `target`, sharing (frozen) its embedding and lm_head."""
+    target_config = target.config.to_dict()
+    num_layers = target_config["num_hidden_layers"]
+    layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
+    if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
+        raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
+                          f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
+    rows = target.get_input_embeddings().weight.shape[0]
+    mask = choose_mask_token(tokenizer, rows, shape.mask_token_id)
+    return build_draft(draft_config_dict(target_config, shape, layers, mask, anchors), target), mask
+
+
+def build_draft(config: dict, target) -> DSparkDraft:
+    """A draft for this config whose embedding and lm_head are the target's, frozen (plus a trainable mask row
+    when the config's vocabulary has one row more than the target's)."""
+    embed = target.get_input_embeddings().weight.detach().float()
+    lm_head = target.get_output_embeddings().weight.detach().float()
+    draft = DSparkDraft(DraftConfig.from_dict(config))
+    if draft.config.vocab_size == embed.shape[0]:
+        draft.tie_to_target(embed, lm_head)
+    else:
+        draft.tie_to_target(None, lm_head)
+        _extend_embedding(draft, embed)
+    return draft
+
+
+def _extend_embedding(draft: DSparkDraft, target_embed: torch.Tensor) -> None:
+    """Own embedding = the target's rows (frozen) + one trainable mask row, initialised to their mean."""
+    weight = torch.cat([target_embed, target_embed.mean(0, keepdim=True)])  # [V+1, H]
+    draft.embed_tokens.weight = torch.nn.Parameter(weight)
+    trainable_row = torch.zeros(weight.shape[0], 1)
+    trainable_row[-1] = 1.0
+    draft.embed_tokens.weight.register_hook(lambda grad: grad * trainable_row.to(grad))
+
+
+def trainable_parameters(draft: DSparkDraft) -> list[torch.nn.Parameter]:
+    return [p for p in draft.parameters() if p.requires_grad]
+
+
+# --- one training step ---------------------------------------------------------------------------------------
+
+def sample_anchors(batch: int, seq_len: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """Distinct random anchors per sequence in 0..seq_len-2 (sorted). -> [batch, count]"""
+    scores = torch.rand(batch, seq_len - 1, generator=generator)
+    return scores.argsort(dim=1)[:, :count].sort(dim=1).values
+
+
+@dataclass
+class BlockBatch:
+    input_ids: torch.Tensor  # [B, A*K]: per block [anchor, mask * (K-1)]
+    positions: torch.Tensor  # [B, A*K]: a .. a+K-1
+    labels: torch.Tensor  # [B, A, K]: token at a+j+1 (0 where outside the window)
+    prev_ids: torch.Tensor  # [B, A, K]: Markov inputs: anchor, then the true tokens a+1 .. a+K-1
+    valid: torch.Tensor  # [B, A, K] bool: a+j+1 inside the window
+    target_index: torch.Tensor  # [B, A, K]: a+j, where the target predicts label j (clamped)
+    attn_mask: torch.Tensor  # [B, A*K, T + A*K] bool: True = may attend
+
+
+def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> BlockBatch:
+    """tokens [B, T], anchors [B, A] -> the draft's query blocks, labels and attention mask."""
+    B, T = tokens.shape
+    A, K = anchors.shape[1], block_size
+    offsets = torch.arange(K, device=tokens.device)
+    positions = anchors[..., None] + offsets  # [B, A, K]
+    label_index = positions + 1
+    valid = label_index < T
+    labels = tokens.gather(1, label_index.clamp(max=T - 1).flatten(1)).view(B, A, K) * valid
+    anchor_ids = tokens.gather(1, anchors)  # [B, A]
+    input_ids = torch.full((B, A, K), mask_token_id, dtype=tokens.dtype, device=tokens.device)
+    input_ids[..., 0] = anchor_ids
+    prev_ids = torch.cat([anchor_ids[..., None], labels[..., :-1]], dim=-1)
+    context_visible = torch.arange(T, device=tokens.device) < anchors.repeat_interleave(K, dim=1)[..., None]
+    block_id = torch.arange(A * K, device=tokens.device) // K
+    same_block = (block_id[:, None] == block_id[None, :]).expand(B, -1, -1)
+    return BlockBatch(
+        input_ids=input_ids.flatten(1),
+        positions=positions.flatten(1),
+        labels=labels,
+        prev_ids=prev_ids,
+        valid=valid,
+        target_index=positions.clamp(max=T - 1),
+        attn_mask=torch.cat([context_visible, same_block], dim=-1),
+    )
+
+
+@dataclass
+class LossTerms:
+    loss: torch.Tensor
+    ce: float
+    l1: float
+    confidence: float
+    accept: list[float]
+    tau: float
+
+
+def position_weights(valid: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B, A, K] bool -> exp(-j / gamma) on valid slots, 0 elsewhere."""
+    j = torch.arange(valid.shape[-1], device=valid.device, dtype=torch.float32)
+    return valid.float() * torch.exp(-j / gamma) if gamma > 0 else valid.float()
+
+
+def distillation_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, confidence_logits, blocks: BlockBatch,
+                      options: TrainOptions) -> LossTerms:
+    """draft / target logits [B, A, K, V], confidence logits [B, A, K] | None -> the weighted DSpark loss."""
+    weights = position_weights(blocks.valid, options.decay_gamma)
+    total = weights.sum().clamp_min(1e-6)
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    ce = -(log_q.gather(-1, blocks.labels[..., None]).squeeze(-1) * weights).sum() / total
+    p = F.softmax(target_logits.float(), dim=-1)
+    l1_per_slot = (log_q.exp() - p).abs().sum(-1)  # [B, A, K] = 2 TV
+    l1 = (l1_per_slot * weights).sum() / total
+    accept = (1.0 - 0.5 * l1_per_slot).clamp(0.0, 1.0).detach()  # acceptance probability at T = 1
+    loss = options.ce_alpha * ce + options.l1_alpha * l1
+    confidence = torch.zeros(())
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")
+        confidence = (bce * weights).sum() / total
+        loss = loss + options.confidence_alpha * confidence
+    valid = blocks.valid.float()
+    per_position = (accept * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1.0)
+    tau = 1.0 + (accept * valid).cumprod(-1).sum(-1).mean()
+    return LossTerms(loss, ce.item(), l1.item(), confidence.item(), per_position.tolist(), tau.item())
+
+
+def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch):
+    """features [B, T, n*Ht] -> draft logits [B, A, K, V] (Markov-corrected, teacher-forced), confidence [B, A, K]."""
+    B, T = features.shape[:2]
+    A, K = blocks.labels.shape[1:]
+    context = draft.project_context(features)  # [B, T, H]
+    context_positions = torch.arange(T, device=features.device).expand(B, T)
+    kv = draft.context_kv(context, context_positions)
+    hidden = draft.block_hidden(blocks.input_ids, blocks.positions, kv, blocks.attn_mask).view(B, A, K, -1)
+    logits = draft.base_logits(hidden)  # [B, A, K, Vd]
+    embed = None
+    if draft.config.markov_rank:
+        embed = draft.markov_embed(blocks.prev_ids)  # [B, A, K, r]
+        logits = logits + draft.markov_bias(embed)
+    confidence = draft.confidence_logit(hidden, embed) if draft.confidence_head is not None else None
+    return logits, confidence
+
+
+@torch.no_grad()
+def target_forward(target, tokens: torch.Tensor):
+    """tokens [B, T] -> HF hidden states (L+1 x [B, T, Ht]) and target logits [B, T, V]."""
+    out = target(input_ids=tokens, output_hidden_states=True)
+    return out.hidden_states, out.logits
+
+
+# --- the training loop ---------------------------------------------------------------------------------------
+
+def lr_at(step: int, options: TrainOptions) -> float:
+    """Linear warm-up over warmup_ratio of the steps, then cosine decay to 10% of the peak."""
+    warmup = max(1, round(options.steps * options.warmup_ratio))
+    if step < warmup:
+        return options.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, options.steps - warmup))
+    return options.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class DraftTrainer:
+    """Trains one draft against a frozen target on windows of a token stream."""
+
+    target: torch.nn.Module
+    draft: DSparkDraft
+    stream: TokenStream | SequenceBank
+    options: TrainOptions
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        self.target.eval().requires_grad_(False)
+        self.draft.to(self.device).train()
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.draft), lr=self.options.lr, betas=(0.9, 0.95),
+                                           weight_decay=self.options.weight_decay)
+        self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.seq_len = min(self.options.seq_len, self.stream.max_window)
+        self.anchors = self.options.anchors_per_sequence(self.seq_len)
+
+    def next_tokens(self) -> torch.Tensor:
+        return self.stream.sample(self.options.batch_size, self.seq_len, self.generator)  # [B, T]
+
+    def train_step(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor) -> LossTerms:
+        """One optimizer step on a batch whose target states are already computed."""
+        anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)
+        blocks = build_blocks(tokens.cpu(), anchors, self.draft.config.block_size.value,
+                              self.draft.config.mask_token_id)
+        blocks = BlockBatch(**{k: v.to(self.device) for k, v in vars(blocks).items()})
+        B, A, K = blocks.labels.shape
+        aligned = target_logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, target_logits.shape[-1]))
+        with self._autocast():
+            draft_logits, confidence = draft_forward(self.draft, features, blocks)
+        terms = distillation_loss(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, self.options)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.options)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms.loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
+        self.optimizer.step()
+        self.step += 1
+        return terms
+
+    def run_step(self) -> LossTerms:
+        tokens = self.next_tokens().to(self.device)
+        with self._autocast():
+            hidden_states, logits = target_forward(self.target, tokens)
+        return self.train_step(tokens, self.draft.target_features(hidden_states).float(), logits.float())
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    # --- checkpoints ---
+
+    def save_checkpoint(self, folder: Path, extra_config: dict | None = None) -> Path:
+        """A loadable draft (config.json + bf16 model.safetensors) plus the trainer state for --resume: fp32
+        weights, AdamW moments and the data/anchor generator in trainer_state.safetensors, the rest in JSON
+        (no pickle)."""
+        from safetensors.torch import save_file
+
+        from dspark_cli.runtime.files import atomic_write_text
+
+        self.draft.save(folder, include_shared=True, extra_config=extra_config)
+        optimizer = self.optimizer.state_dict()
+        tensors = {f"draft.{name}": p.detach().cpu().contiguous() for name, p in self.draft.named_parameters()
+                   if p.requires_grad}  # the frozen target weights are not part of the state
+        for index, slots in optimizer["state"].items():
+            tensors.update({f"optimizer.{index}.{k}": v.detach().cpu().contiguous() for k, v in slots.items()})
+        tensors["generator"] = self.generator.get_state()
+        tmp = folder / f".{TRAINER_STATE}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, folder / TRAINER_STATE)
+        state = {"step": self.step, "options": asdict(self.options), "param_groups": optimizer["param_groups"]}
+        atomic_write_text(folder / TRAINER_JSON, json.dumps(state, indent=2) + "\n")
+        return folder
+
+    def load_state(self, folder: Path) -> None:
+        """Restore what save_checkpoint wrote (the draft must have the checkpoint's geometry)."""
+        state, tensors = read_trainer_state(folder)
+        params = dict(self.draft.named_parameters())
+        with torch.no_grad():
+            for name, value in tensors.items():
+                if name.startswith("draft."):
+                    params[name.removeprefix("draft.")].copy_(value)
+        slots: dict[int, dict] = {}
+        for name, value in tensors.items():
+            if name.startswith("optimizer."):
+                _, index, key = name.split(".", 2)
+                slots.setdefault(int(index), {})[key] = value
+        self.optimizer.load_state_dict({"state": slots, "param_groups": state["param_groups"]})
+        self.generator.set_state(tensors["generator"])
+        self.step = state["step"]
+
+
+def read_trainer_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(trainer_state.json, trainer_state.safetensors tensors) of a checkpoint folder."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / TRAINER_STATE).is_file() or not (folder / TRAINER_JSON).is_file():
+        raise DsparkError(f"{folder}: no {TRAINER_STATE} / {TRAINER_JSON}; --resume takes a checkpoint folder "
+                          f"written by `dspark train` ({CHECKPOINT_PREFIX}N inside its output folder).")
+    return json.loads((folder / TRAINER_JSON).read_text()), load_file(str(folder / TRAINER_STATE))
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    found = [p for p in Path(out).glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file()]
+    return max(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)), default=None)
+
+
+def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport], None] | None = None,
+               extra_config: dict | None = None) -> Path:
+    """Run the remaining steps; periodic checkpoints under out/checkpoint-N; the final draft in `out`."""
+    options = trainer.options
+    started, start_step = time.perf_counter(), trainer.step
+    tokens_per_step = options.batch_size * trainer.seq_len
+    while trainer.step < options.steps:
+        terms = trainer.run_step()
+        if on_step is not None:
+            rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
+            on_step(StepReport(trainer.step, options.steps, terms.loss.item(), terms.ce, terms.l1, terms.confidence,
+                               terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate))
+        if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
+            trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}", extra_config)
+    return save_final(trainer.draft, out, extra_config)
+
+
+def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[LossTerms]], None] | None = None) -> None:
+    """Train several drafts of one target on the same batches and anchors (same seed and options), running the
+    target once per step for all of them. Every trainer draws its own windows; they must agree."""
+    first = trainers[0]
+    while first.step < first.options.steps:
+        batches = [trainer.next_tokens() for trainer in trainers]
+        if any(not torch.equal(batches[0], batch) for batch in batches[1:]):
+            raise ValueError("lock-step trainers drew different batches; give them the same seed and options")
+        tokens = batches[0].to(first.device)
+        with first._autocast():
+            hidden_states, logits = target_forward(first.target, tokens)
+        terms = [trainer.train_step(tokens, trainer.draft.target_features(hidden_states).float(), logits.float())
+                 for trainer in trainers]
+        if on_step is not None:
+            on_step(first.step, terms)
+
+
+def save_final(draft: DSparkDraft, out: Path, extra_config: dict | None = None) -> Path:
+    """Write the final draft's config.json and model.safetensors into `out` (beside any checkpoint-N folders)."""
+    staging = out / ".final.tmp"
+    draft.save(staging, include_shared=True, extra_config=extra_config)
+    for name in ("config.json", "model.safetensors"):
+        os.replace(staging / name, out / name)
+    staging.rmdir()
+    return out
+
+
+# --- a whole run: target, data, draft (new or resumed) -------------------------------------------------------
+
+@dataclass
+class TrainingRun:
+    trainer: DraftTrainer
+    out: Path
+    notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
+    return torch.device(device)
+
+
+def load_target(path: str | Path, device: torch.device):
+    """The frozen target (bf16 on CUDA, fp32 on CPU) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as error:
+        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
+                          "or hub id with its tokenizer.") from error
+    return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
+                device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
+                force: bool = False) -> TrainingRun:
+    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here."""
+    import shutil
+
+    from dspark_cli.runtime.training_data import load_token_stream
+
+    torch_device = resolve_device(device)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and resume is None:
+        if not force:
+            raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
+                              "to replace it, or --resume a checkpoint inside it.")
+        shutil.rmtree(out)
+    target, tokenizer = load_target(target_path, torch_device)
+    stream = load_token_stream(data, tokenizer, chat_template)
+    torch.manual_seed(options.seed)
+    seq_len = min(options.seq_len, stream.max_window)
+    notes = []
+    if resume is None:
+        draft, mask = new_draft(target, tokenizer, shape, options.anchors_per_sequence(seq_len))
+        notes.append(mask.note)
+    else:
+        state, _ = read_trainer_state(resume)
+        draft = build_draft(json.loads((Path(resume) / "config.json").read_text()), target)
+        notes.append(f"resuming {resume} at step {state['step']} (draft geometry from its config.json)")
+    notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
+                 f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
+    trainer = DraftTrainer(target, draft, stream, options, torch_device)
+    if resume is not None:
+        trainer.load_state(resume)
+    out.mkdir(parents=True, exist_ok=True)
+    return TrainingRun(trainer, out, notes)

@@ -1,0 +1,186 @@
+"""`dspark train`: data pipeline, block layout, the distillation step, checkpoints, resume, and the shipped demo pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.training import (DraftShape, TrainOptions, build_blocks, choose_mask_token,
+                                         default_target_layers, distillation_loss, draft_forward, prepare_run,
+                                         target_forward, train_loop)
+from dspark_cli.runtime.training_data import collect_files, load_token_stream, read_documents
+
+CODE = '''def add(a, b):
+    """Return the sum of a and b."""
+    return a + b
+
+
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def increment(self, step=1):
+        self.count += step
+        return self.count
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder with tokenizer, data folder): a random 3-layer Qwen3 and a little Python text."""
+    from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer
+
+    root = tmp_path_factory.mktemp("train")
+    data = root / "data"
+    data.mkdir()
+    (data / "a.py").write_text(CODE * 6)
+    (data / "b.jsonl").write_text(json.dumps({"text": CODE.replace("add", "mul").replace("+", "*")}) + "\n")
+    tokenizer = build_tokenizer([data / "a.py"], vocab_size=300)
+    target = TargetGeometry(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16).build(tokenizer.eos_token_id, 0)
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    return root / "target", data
+
+
+SHAPE = DraftShape(layers=1, block_size=4, markov_rank=8)
+OPTIONS = TrainOptions(steps=4, batch_size=2, seq_len=32, anchors=6, lr=1e-2, seed=3)
+
+
+def test_data_reads_text_jsonl_and_chat(tmp_path, tiny_pair):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    docs = read_documents(collect_files([tiny_pair[1], tmp_path / "chat.jsonl"]))
+    assert [d.text is not None for d in docs] == [True, True, False]
+    with pytest.raises(DsparkError, match="chat template"):
+        load_token_stream([tmp_path / "chat.jsonl"], tokenizer)
+    stream = load_token_stream([tmp_path / "chat.jsonl"], tokenizer, tmp_path / "chat.jinja")
+    assert tokenizer.decode(stream.tokens[:-1]) == "user: hi\n"
+    assert stream.tokens[-1] == tokenizer.eos_token_id
+    (tmp_path / "bad.jsonl").write_text('{"prompt": 1}\n')
+    with pytest.raises(DsparkError, match="bad.jsonl:1"):
+        read_documents([tmp_path / "bad.jsonl"])
+
+
+def test_block_layout_and_mask():
+    tokens = torch.arange(10, 20)[None]  # [1, 10]
+    blocks = build_blocks(tokens, torch.tensor([[2, 7]]), block_size=3, mask_token_id=99)
+    assert blocks.input_ids.tolist() == [[12, 99, 99, 17, 99, 99]]
+    assert blocks.positions.tolist() == [[2, 3, 4, 7, 8, 9]]
+    assert blocks.labels.tolist() == [[[13, 14, 15], [18, 19, 0]]]  # slot j predicts the token at a + j + 1
+    assert blocks.valid.tolist() == [[[True] * 3, [True, True, False]]]
+    assert blocks.prev_ids.tolist() == [[[12, 13, 14], [17, 18, 19]]]  # Markov input: anchor, then true tokens
+    mask = blocks.attn_mask[0]  # [Q, T + Q]
+    assert mask[0, :10].tolist() == [True, True] + [False] * 8  # context strictly before the anchor
+    assert mask[3, :10].tolist() == [True] * 7 + [False] * 3
+    assert mask[0, 10:].tolist() == [True, True, True, False, False, False]  # its own block, both directions
+    assert mask[5, 10:].tolist() == [False, False, False, True, True, True]
+
+
+def test_default_target_layers_follow_deepspec():
+    assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layers(36, 1) == [18]
+    assert default_target_layers(4, 3) == [0, 1, 2]
+
+
+def test_mask_token_is_added_when_the_vocabulary_is_full(tiny_pair):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    assert choose_mask_token(tokenizer, len(tokenizer), None).token_id == 1  # the demo tokenizer's <|mask|>
+    tokenizer.add_special_tokens({"additional_special_tokens": []})
+    choice = choose_mask_token(tokenizer, len(tokenizer), len(tokenizer))
+    assert (choice.token_id, choice.vocab_size) == (len(tokenizer), len(tokenizer) + 1)
+    with pytest.raises(DsparkError, match="outside"):
+        choose_mask_token(tokenizer, len(tokenizer), len(tokenizer) + 5)
+
+
+def _fixed_batch_loss(trainer, tokens, anchors) -> float:
+    with torch.no_grad():
+        hidden, logits = target_forward(trainer.target, tokens)
+        blocks = build_blocks(tokens, anchors, trainer.draft.config.block_size.value, trainer.draft.config.mask_token_id)
+        B, A, K = blocks.labels.shape
+        aligned = logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, logits.shape[-1]))
+        draft_logits, confidence = draft_forward(trainer.draft, trainer.draft.target_features(hidden), blocks)
+        return distillation_loss(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, trainer.options).loss.item()
+
+
+def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):
+    from dspark_cli.runtime.checkpoint import open_checkpoint
+    from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.rules import validate_checkpoint
+
+    target_dir, data = tiny_pair
+    options = TrainOptions(steps=25, batch_size=4, seq_len=32, anchors=8, lr=1e-2, seed=0, save_every=10)
+    run = prepare_run(target_dir, [data], tmp_path / "out", SHAPE, options)
+    tokens = run.trainer.stream.tokens[:64].view(2, 32)
+    anchors = torch.tensor([[0, 5, 11, 20], [3, 9, 17, 25]])
+    before = _fixed_batch_loss(run.trainer, tokens, anchors)
+    out = train_loop(run.trainer, run.out)
+    assert _fixed_batch_loss(run.trainer, tokens, anchors) < 0.8 * before
+
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-10", "checkpoint-20", "config.json",
+                                                     "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["block_size"], config["markov_rank"], config["mask_token_id"]) == (4, 8, 1)
+    target_config = json.loads((target_dir / "config.json").read_text())
+    report = validate_checkpoint(open_checkpoint(str(out)), target_config)
+    assert report.errors == [], [f.message for f in report.errors]
+    draft = DSparkDraft.from_checkpoint(str(out))
+    assert draft.confidence_head is not None and draft.config.markov_rank == 8
+
+
+def test_resume_continues_where_the_checkpoint_left_off(tmp_path, tiny_pair):
+    from safetensors.torch import load_file
+
+    target_dir, data = tiny_pair
+    straight = prepare_run(target_dir, [data], tmp_path / "a", SHAPE, OPTIONS.__class__(**{**vars(OPTIONS),
+                                                                                          "save_every": 2}))
+    train_loop(straight.trainer, straight.out)
+    resumed = prepare_run(target_dir, [data], tmp_path / "a", SHAPE, OPTIONS,
+                          resume=tmp_path / "a" / "checkpoint-2")
+    assert resumed.trainer.step == 2
+    train_loop(resumed.trainer, tmp_path / "b")
+    first = {k: v for k, v in straight.trainer.draft.state_dict().items()}
+    for name, value in resumed.trainer.draft.state_dict().items():
+        torch.testing.assert_close(value, first[name], rtol=0, atol=0, msg=name)
+    assert load_file(str(tmp_path / "b" / "model.safetensors")).keys() == load_file(
+        str(tmp_path / "a" / "model.safetensors")).keys()
+
+
+def test_refuses_to_overwrite_output(tmp_path, tiny_pair):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    with pytest.raises(DsparkError, match="--force"):
+        prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "out", SHAPE, OPTIONS)
+    assert (tmp_path / "out" / "keep.txt").exists()
+
+
+def test_shipped_demo_pair_is_lossless_at_greedy():
+    from dspark_cli.runtime.demo import DEMO_DIR
+    from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.sampling import SamplingParams
+    from dspark_cli.runtime.speculative import autoregressive_generate, speculative_generate
+    from dspark_cli.runtime.target import TargetModel
+
+    if not (DEMO_DIR / "draft" / "config.json").is_file():
+        pytest.skip("the demo pair is not built (scripts/build_demo.py)")
+    from transformers import AutoTokenizer
+
+    draft = DSparkDraft.from_checkpoint(DEMO_DIR / "draft")
+    target = TargetModel.load(DEMO_DIR / "target", capture_indices=draft.config.hidden_state_indices)
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    prompt = tokenizer("import os\n\n\ndef read_config(path):\n", return_tensors="pt")["input_ids"][0]
+    greedy = SamplingParams(temperature=0.0)
+    plain = autoregressive_generate(target, prompt, greedy, max_new_tokens=48)
+    spec = speculative_generate(target, draft, prompt, greedy, block_size=draft.config.block_size.value,
+                                max_new_tokens=48)
+    assert spec.tokens == plain.tokens
+    assert len(spec.stats.rounds) < 48 / 1.5  # the draft is accepted often, not just lossless
