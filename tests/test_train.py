@@ -1,4 +1,4 @@
-"""`dspark train`: data pipeline, block layout, the distillation step, checkpoints, resume, and the shipped demo pair."""
+"""`dspark train`: data, block layout, the distillation step, checkpoints, resume, and the shipped demo pair."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.training import (DraftShape, TrainOptions, build_blocks, choose_mask_token,
-                                         default_target_layers, distillation_loss, draft_forward, prepare_run,
-                                         target_forward, train_loop)
+                                         default_target_layers, prepare_run, target_forward, train_loop)
 from dspark_cli.runtime.training_data import collect_files, load_token_stream, read_documents
 
 CODE = '''def add(a, b):
@@ -105,11 +104,7 @@ def test_mask_token_is_added_when_the_vocabulary_is_full(tiny_pair):
 def _fixed_batch_loss(trainer, tokens, anchors) -> float:
     with torch.no_grad():
         hidden, logits = target_forward(trainer.target, tokens)
-        blocks = build_blocks(tokens, anchors, trainer.draft.config.block_size.value, trainer.draft.config.mask_token_id)
-        B, A, K = blocks.labels.shape
-        aligned = logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, logits.shape[-1]))
-        draft_logits, confidence = draft_forward(trainer.draft, trainer.draft.target_features(hidden), blocks)
-        return distillation_loss(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, trainer.options).loss.item()
+        return trainer.batch_loss(tokens, trainer.draft.target_features(hidden), logits, anchors).loss.item()
 
 
 def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):

@@ -40,7 +40,7 @@ class DemoRecipe:
     target_seq_len: int = 256
     target_lr: float = 2e-3
     draft: DraftShape = DraftShape(layers=3, block_size=7, target_layers=(0, 1, 2), markov_rank=128)
-    draft_options: TrainOptions = TrainOptions(steps=2500, batch_size=8, seq_len=256, anchors=32, lr=6e-3)
+    draft_options: TrainOptions = TrainOptions(steps=2000, batch_size=8, seq_len=256, anchors=32, lr=2e-3)
     distill_sequences: int = 2048  # drafts train on held-in prompts + the target's own continuations; 0: raw text
     distill_prompt_tokens: int = 32
     held_out_every: int = 25
@@ -99,14 +99,14 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
     tokenizer = build_tokenizer(train_files, recipe.vocab_size)
     train_stream = _stream(train_files, tokenizer)
     held_stream = _stream(held_files, tokenizer)
-    corpus = {"stdlib": str(files[0].parents[len(files[0].relative_to(_stdlib_root(files)).parts) - 1]),
-              "python": platform.python_version(), "train_files": len(train_files), "held_out_files": len(held_files),
+    corpus = {"python": platform.python_version(), "train_files": len(train_files), "held_out_files": len(held_files),
               "held_out_names": [f.name for f in held_files], "train_tokens": len(train_stream),
               "held_out_tokens": len(held_stream)}
     log(f"corpus: {len(train_files)} training files ({len(train_stream):,} tokens), {len(held_files)} held out")
     lap("tokenizer")
 
-    target, val_loss, target_seconds = _target_stage(work / "target", recipe, tokenizer, train_stream, held_stream, log)
+    target, val_loss, target_seconds = _target_stage(work / "target", recipe, tokenizer, train_stream, held_stream,
+                                                     log)
     target_dir = out / "target"
     _save_target(target, tokenizer, target_dir)
     lap("target")
@@ -149,7 +149,8 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
         log(f"{name}: τ {tau}")
     lap("evaluation")
 
-    sizes = {name: sum(f.stat().st_size for f in (out / name).rglob("*") if f.is_file()) for name in ("target", "draft")}
+    sizes = {name: sum(f.stat().st_size for f in (out / name).rglob("*") if f.is_file())
+             for name in ("target", "draft")}
     return DemoReport(recipe=_recipe_dict(recipe), corpus=corpus, target_val_loss=round(val_loss, 4),
                       seconds=seconds, drafts=results, sizes_bytes=sizes)
 
@@ -250,12 +251,6 @@ def _stream(files: list[Path], tokenizer) -> TokenStream:
     return TokenStream(tokenize_stream(texts, tokenizer, tokenizer.eos_token_id))
 
 
-def _stdlib_root(files: list[Path]) -> Path:
-    import sysconfig
-
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def _save_target(model, tokenizer, folder: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(folder)
     model.float()
@@ -282,9 +277,8 @@ def model_card(report: DemoReport, recipe: DemoRecipe) -> str:
     t, d, o = recipe.target, recipe.draft, recipe.draft_options
     dspark, dflash = report.drafts
     corpus = report.corpus
-    rows = "\n".join(
-        f"| {r.name} | {r.tau['T=0']:.2f} | {r.tau['T=1']:.2f} | {' '.join(f'{a:.2f}' for a in r.accept_at['T=0'])} |"
-        for r in report.drafts)
+    rows = "\n".join(f"| {r.name} | {r.tau['T=0']:.2f} | {r.tau['T=1']:.2f} | "
+                     f"{' '.join(f'{a:.2f}' for a in r.accept_at['T=0'])} |" for r in report.drafts)
     ratio = {k: dspark.tau[k] / dflash.tau[k] for k in dspark.tau}
     minutes = {k: v / 60 for k, v in report.seconds.items()}
     stages = ", ".join(f"{k} {v:.1f}" for k, v in minutes.items())
@@ -296,6 +290,13 @@ def model_card(report: DemoReport, recipe: DemoRecipe) -> str:
     else:
         data = "the target's training stream (raw text)."
     mb = {k: v / 1e6 for k, v in report.sizes_bytes.items()}
+    target_row = (f"Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers, {t.num_attention_heads}/"
+                  f"{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab "
+                  f"{t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, "
+                  "`<\\|mask\\|>` = 1 is the draft's mask token)")
+    draft_row = (f"DSpark draft in DeepSpec format: {d.layers} decoder layer(s), block size {d.block_size}, target "
+                 f"layers {list(d.target_layers)}, vanilla Markov head rank {d.markov_rank}, confidence head with "
+                 "Markov input; bf16, embed_tokens / lm_head = frozen copies of the target's")
     return f"""# dspark demo pair
 
 A tiny Qwen3 target and a DSpark draft for it, trained from scratch on CPU from the Python {corpus['python']}
@@ -309,14 +310,14 @@ count). Minutes per stage on 2 CPU cores shared with other jobs: {stages}; total
 
 | folder | what | size |
 |---|---|---|
-| `target/` | Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers, {t.num_attention_heads}/{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab {t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, `<\\|mask\\|>` = 1 is the draft's mask token) | {mb['target']:.1f} MB |
-| `draft/` | DSpark draft in DeepSpec format: {d.layers} layer, block size {d.block_size}, target layers {list(d.target_layers)}, vanilla Markov head rank {d.markov_rank}, confidence head with Markov input; bf16, embed_tokens/lm_head = frozen copies of the target's | {mb['draft']:.1f} MB |
+| `target/` | {target_row} | {mb['target']:.1f} MB |
+| `draft/` | {draft_row} | {mb['draft']:.1f} MB |
 
 ## How it was built
 
-- **Corpus**: {corpus['train_files']} standard-library `.py` files (no tests, IDLE or site-packages), sorted by path;
-  every {recipe.held_out_every}th file ({corpus['held_out_files']} files, {corpus['held_out_tokens']:,} tokens) is held out
-  for evaluation. Training stream: {corpus['train_tokens']:,} tokens.
+- **Corpus**: {corpus['train_files']} standard-library `.py` files (no tests, IDLE or site-packages), sorted by
+  path; every {recipe.held_out_every}th file ({corpus['held_out_files']} files, {corpus['held_out_tokens']:,} tokens)
+  is held out for evaluation. Training stream: {corpus['train_tokens']:,} tokens.
 - **Tokenizer**: byte-level BPE, vocabulary {recipe.vocab_size}, trained on the training files only.
 - **Target**: next-token cross-entropy, AdamW (β 0.9/0.95, weight decay 0.1), peak lr {recipe.target_lr}, warm-up
   then cosine decay, {recipe.target_steps} steps of {recipe.target_batch_size} × {recipe.target_seq_len} tokens
@@ -334,10 +335,10 @@ count). Minutes per stage on 2 CPU cores shared with other jobs: {stages}; total
 
 ## Measured acceptance (held-out files)
 
-Real speculative loop (`runtime/speculative.py`), {recipe.eval_prompts} prompts of {recipe.eval_prompt_tokens} tokens taken
-evenly from the held-out stream, {recipe.eval_new_tokens} new tokens each, block size {d.block_size}, drafts sampled at the
-target's temperature, lossless verification. τ = committed tokens per target forward (accepted + 1), pooled over
-all rounds.
+Real speculative loop (`runtime/speculative.py`), {recipe.eval_prompts} prompts of {recipe.eval_prompt_tokens} tokens
+taken evenly from the held-out stream, {recipe.eval_new_tokens} new tokens each, block size {d.block_size}, drafts
+sampled at the target's temperature, lossless verification. τ = committed tokens per target forward
+(accepted + 1), pooled over all rounds.
 
 | draft | τ at T=0 | τ at T=1 | share of rounds accepting > j drafts at T=0 (j = 0..{d.block_size - 1}) |
 |---|---|---|---|

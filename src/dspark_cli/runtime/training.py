@@ -348,17 +348,23 @@ class DraftTrainer:
     def next_tokens(self) -> torch.Tensor:
         return self.stream.sample(self.options.batch_size, self.seq_len, self.generator)  # [B, T]
 
-    def train_step(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor) -> LossTerms:
-        """One optimizer step on a batch whose target states are already computed."""
-        anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)
-        blocks = build_blocks(tokens.cpu(), anchors, self.draft.config.block_size.value,
+    def batch_loss(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor,
+                   anchors: torch.Tensor) -> LossTerms:
+        """The distillation loss of tokens [B, T] with their target features / logits at anchors [B, A]."""
+        blocks = build_blocks(tokens.cpu(), anchors.cpu(), self.draft.config.block_size.value,
                               self.draft.config.mask_token_id)
         blocks = BlockBatch(**{k: v.to(self.device) for k, v in vars(blocks).items()})
         B, A, K = blocks.labels.shape
-        aligned = target_logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, target_logits.shape[-1]))
+        index = blocks.target_index.view(B, A * K, 1).expand(-1, -1, target_logits.shape[-1])
+        aligned = target_logits.gather(1, index).view(B, A, K, -1)  # the target's distribution for each slot
         with self._autocast():
             draft_logits, confidence = draft_forward(self.draft, features, blocks)
-        terms = distillation_loss(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, self.options)
+        return distillation_loss(draft_logits, aligned, confidence, blocks, self.options)
+
+    def train_step(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor) -> LossTerms:
+        """One optimizer step on a batch whose target states are already computed."""
+        anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)
+        terms = self.batch_loss(tokens, features, target_logits, anchors)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.options)
         self.optimizer.zero_grad(set_to_none=True)
@@ -381,7 +387,7 @@ class DraftTrainer:
 
     # --- checkpoints ---
 
-    def save_checkpoint(self, folder: Path, extra_config: dict | None = None) -> Path:
+    def save_checkpoint(self, folder: Path) -> Path:
         """A loadable draft (config.json + bf16 model.safetensors) plus the trainer state for --resume: fp32
         weights, AdamW moments and the data/anchor generator in trainer_state.safetensors, the rest in JSON
         (no pickle)."""
@@ -389,7 +395,7 @@ class DraftTrainer:
 
         from dspark_cli.runtime.files import atomic_write_text
 
-        self.draft.save(folder, include_shared=True, extra_config=extra_config)
+        self.draft.save(folder, include_shared=True)
         optimizer = self.optimizer.state_dict()
         tensors = {f"draft.{name}": p.detach().cpu().contiguous() for name, p in self.draft.named_parameters()
                    if p.requires_grad}  # the frozen target weights are not part of the state
@@ -437,8 +443,7 @@ def latest_checkpoint(out: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)), default=None)
 
 
-def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport], None] | None = None,
-               extra_config: dict | None = None) -> Path:
+def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport], None] | None = None) -> Path:
     """Run the remaining steps; periodic checkpoints under out/checkpoint-N; the final draft in `out`."""
     options = trainer.options
     started, start_step = time.perf_counter(), trainer.step
@@ -450,8 +455,8 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
             on_step(StepReport(trainer.step, options.steps, terms.loss.item(), terms.ce, terms.l1, terms.confidence,
                                terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate))
         if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
-            trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}", extra_config)
-    return save_final(trainer.draft, out, extra_config)
+            trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
+    return save_final(trainer.draft, out)
 
 
 def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[LossTerms]], None] | None = None) -> None:
@@ -471,10 +476,10 @@ def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[Lo
             on_step(first.step, terms)
 
 
-def save_final(draft: DSparkDraft, out: Path, extra_config: dict | None = None) -> Path:
+def save_final(draft: DSparkDraft, out: Path) -> Path:
     """Write the final draft's config.json and model.safetensors into `out` (beside any checkpoint-N folders)."""
     staging = out / ".final.tmp"
-    draft.save(staging, include_shared=True, extra_config=extra_config)
+    draft.save(staging, include_shared=True)
     for name in ("config.json", "model.safetensors"):
         os.replace(staging / name, out / name)
     staging.rmdir()
