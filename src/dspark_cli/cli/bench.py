@@ -194,24 +194,23 @@ def _bytes(n_bytes: int | None) -> str:
     return f"{n_bytes} B"
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
+def _numbers(text: str, option: str, cast: type, minimum: float, what: str, example: str) -> tuple:
+    """A comma-separated option value -> a tuple of numbers >= minimum, or one clear error."""
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(cast(part) for part in text.split(",") if part.strip())
     except ValueError:
         values = ()
-    if not values or min(values) < 1:
-        raise DsparkError(f"{option} takes positive integers separated by commas (e.g. 1,8,32), got {text!r}.")
+    if not values or min(values) < minimum:
+        raise DsparkError(f"{option} takes {what} separated by commas (e.g. {example}), got {text!r}.")
     return values
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    return _numbers(text, option, int, 1, "positive integers", "1,8,32")
 
 
 def _temperatures(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise DsparkError(f"--temperature takes numbers >= 0 separated by commas (e.g. 0,1), got {text!r}.")
-    return values
+    return _numbers(text, "--temperature", float, 0, "numbers >= 0", "0,1")
 
 
 def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
