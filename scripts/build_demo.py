@@ -35,7 +35,8 @@ from dspark_cli.runtime.demo_build import DemoRecipe, build_demo, model_card, re
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEMO_DIR, help="where target/, draft/ and MODEL_CARD.md go")
-    parser.add_argument("--work", type=Path, default=Path("build/demo"), help="DFlash draft and the build report")
+    parser.add_argument("--work", type=Path, default=REPO / "build" / "demo",
+                        help="cached target stage, DFlash draft and build_report.json")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
 
