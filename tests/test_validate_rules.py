@@ -168,12 +168,7 @@ def nvfp4(**kwargs) -> Callable[[Path], Path]:
 
 
 def json_file(name: str, text: str, spec: DraftSpec = S, shards: int = 1) -> Callable[[Path], Path]:
-    def build(p: Path) -> Path:
-        write_draft(p, spec, shards=shards)
-        (p / name).write_text(text)
-        return p
-
-    return build
+    return with_file(name, text.encode(), spec, shards)
 
 
 def index_edit(change: Callable[[dict], None]) -> Callable[[Path], Path]:
