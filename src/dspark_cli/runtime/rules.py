@@ -44,8 +44,9 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP004": (ERROR, "SpecForge markov_rank only under dflash_config"),
     "DSP005": (WARNING, "SpecForge DSpark key only under dflash_config"),
     "DSP006": (WARNING, "speculators DSpark head served one slot off by older vLLM"),
+    "DSP007": (WARNING, "markov_rank 0: DeepSpec's DFlash ablation, not known to be servable by vLLM"),
     "DSP010": (ERROR, "geometry key missing or not a positive integer"),
-    "DSP011": (ERROR, "markov_rank missing or not a positive integer"),
+    "DSP011": (ERROR, "markov_rank missing, negative or not an integer"),
     "DSP012": (ERROR, "markov_head_type is not vanilla"),
     "DSP013": (ERROR, "block_size is not a positive integer"),
     "DSP014": (WARNING, "no block_size"),
@@ -510,7 +511,14 @@ class _Validation:
                      "#48639 (e.g. 0.26) hard-code the bonus-anchor layout and serve it one slot off, silently.",
                      "Serve it with a vLLM that includes PR #48639, or convert it to DeepSpec's format.")
         rank = view.get("markov_rank")
-        if "markov_rank" not in config.nested_only and not _positive_int(rank):
+        if rank == 0 and type(rank) is int:
+            self.add("DSP007", "markov_rank is 0: this is DeepSpec's DFlash ablation (the DSpark layout without a "
+                     "Markov head), as `dspark train --markov-rank 0` writes it; dspark generate runs it, but vLLM's "
+                     "dspark method always builds a Markov head of markov_rank and is not known to serve rank 0.",
+                     "Use it for comparisons and with dspark generate; to serve with vLLM, train a Markov head "
+                     "(markov_rank > 0).")
+            self.skip("DSP011", "markov_rank is 0: there is no Markov head")
+        elif "markov_rank" not in config.nested_only and not _positive_int(rank):
             what = "is missing" if rank is None else f"is {rank!r}"
             self.add("DSP011", f"config.json key 'markov_rank' {what}; vLLM reads it unconditionally and needs a "
                      "positive integer.", "Set markov_rank to the rank of markov_head.markov_w1/markov_w2 (e.g. 256).")
