@@ -198,3 +198,30 @@ def test_shipped_demo_pair_is_lossless_at_greedy():
                                 max_new_tokens=48)
     assert spec.tokens == plain.tokens
     assert len(spec.stats.rounds) < 48 / 1.5  # the draft is accepted often, not just lossless
+
+
+def test_demo_build_is_deterministic(tmp_path):
+    """Two builds of a tiny recipe from the same files give byte-identical tokenizer, target and draft."""
+    from dspark_cli.runtime.demo_build import DemoRecipe, build_demo
+    from dspark_cli.runtime.target_training import TargetGeometry
+
+    sources = []
+    for i in range(6):
+        sources.append(tmp_path / f"m{i}.py")
+        sources[-1].write_text(CODE.replace("Counter", f"Counter{i}") * (i + 2))
+    recipe = DemoRecipe(
+        vocab_size=300,
+        target=TargetGeometry(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+        target_steps=4, target_batch_size=2, target_seq_len=32,
+        draft=DraftShape(layers=1, block_size=4, target_layers=(0, 1), markov_rank=8),
+        draft_options=TrainOptions(steps=3, batch_size=2, seq_len=32, anchors=4, lr=1e-2),
+        distill_sequences=4, distill_prompt_tokens=8, held_out_every=3, eval_prompts=2, eval_prompt_tokens=8,
+        eval_new_tokens=8)
+    reports = [build_demo(tmp_path / f"out{i}", tmp_path / f"work{i}", recipe, log=lambda _: None, sources=sources)
+               for i in range(2)]
+    assert len(reports[0].drafts) == 2 and reports[0].drafts[0].tau == reports[1].drafts[0].tau
+    for name in ("target/tokenizer.json", "target/model.safetensors", "draft/model.safetensors", "draft/config.json"):
+        assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out1" / name).read_bytes(), name
+    assert (tmp_path / "work0/dflash_draft/model.safetensors").read_bytes() == (
+        tmp_path / "work1/dflash_draft/model.safetensors").read_bytes()

@@ -80,8 +80,10 @@ def round_to_bf16_(model: torch.nn.Module) -> None:
             p.copy_(p.to(torch.bfloat16).float())
 
 
-def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Log = print) -> DemoReport:
-    """Build target/ and draft/ into `out`; `work` receives the DFlash draft (evaluated, not shipped)."""
+def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Log = print,
+               sources: list[Path] | None = None) -> DemoReport:
+    """Build target/ and draft/ into `out`; `work` receives the DFlash draft (evaluated, not shipped).
+    `sources`: the corpus files (default: the running interpreter's standard library)."""
     out, work = Path(out), Path(work)
     work.mkdir(parents=True, exist_ok=True)
     clock = time.perf_counter()
@@ -94,7 +96,7 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
         clock = now
         log(f"{name}: {seconds[name]:.0f} s")
 
-    files = stdlib_sources()
+    files = stdlib_sources() if sources is None else sorted(sources)
     train_files, held_files = split_held_out(files, recipe.held_out_every)
     tokenizer = build_tokenizer(train_files, recipe.vocab_size)
     train_stream = _stream(train_files, tokenizer)
