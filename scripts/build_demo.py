@@ -2,6 +2,7 @@
 
     python scripts/build_demo.py                       # writes the assets and MODEL_CARD.md
     python scripts/build_demo.py --out /tmp/demo --work /tmp/demo-work
+    python scripts/build_demo.py --card-only           # re-render MODEL_CARD.md from build/demo/build_report.json
 
 Trains a byte-level BPE tokenizer, a small Qwen3 target, a DSpark draft and a DFlash draft (same budget) on the
 running interpreter's standard-library sources, evaluates both drafts with the speculative loop on held-out
@@ -29,7 +30,8 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 
 from dspark_cli.runtime.demo import DEMO_DIR  # noqa: E402
-from dspark_cli.runtime.demo_build import DemoRecipe, build_demo, model_card, report_json  # noqa: E402
+from dspark_cli.runtime.demo_build import (DemoRecipe, build_demo, model_card, report_from_json,  # noqa: E402
+                                           report_json)
 
 
 def main() -> None:
@@ -38,7 +40,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO / "build" / "demo",
                         help="cached target stage, DFlash draft and build_report.json")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--card-only", action="store_true",
+                        help="only rewrite OUT/MODEL_CARD.md from WORK/build_report.json (same recipe)")
     args = parser.parse_args()
+    if args.card_only:
+        try:
+            report = report_from_json((args.work / "build_report.json").read_text(), DemoRecipe())
+        except (OSError, ValueError) as error:
+            print(f"error: cannot re-render the model card from {args.work / 'build_report.json'}: {error}",
+                  file=sys.stderr)
+            sys.exit(2)
+        (args.out / "MODEL_CARD.md").write_text(model_card(report, DemoRecipe()))
+        print(f"{args.out / 'MODEL_CARD.md'} rewritten from {args.work / 'build_report.json'}")
+        return
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()

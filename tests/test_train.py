@@ -202,7 +202,9 @@ def test_shipped_demo_pair_is_lossless_at_greedy():
 
 def test_demo_build_is_deterministic(tmp_path):
     """Two builds of a tiny recipe from the same files give byte-identical tokenizer, target and draft."""
-    from dspark_cli.runtime.demo_build import DemoRecipe, build_demo
+    from dataclasses import replace
+
+    from dspark_cli.runtime.demo_build import DemoRecipe, build_demo, report_from_json, report_json
     from dspark_cli.runtime.target_training import TargetGeometry
 
     sources = []
@@ -221,6 +223,10 @@ def test_demo_build_is_deterministic(tmp_path):
     reports = [build_demo(tmp_path / f"out{i}", tmp_path / f"work{i}", recipe, log=lambda _: None, sources=sources)
                for i in range(2)]
     assert len(reports[0].drafts) == 2 and reports[0].drafts[0].tau == reports[1].drafts[0].tau
+    text = report_json(reports[0])
+    assert report_json(report_from_json(text, recipe)) == text  # build_demo.py --card-only
+    with pytest.raises(ValueError, match="different recipe"):
+        report_from_json(report_json(reports[0]), replace(recipe, target_steps=5))
     for name in ("target/tokenizer.json", "target/model.safetensors", "draft/model.safetensors", "draft/config.json"):
         assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out1" / name).read_bytes(), name
     assert (tmp_path / "work0/dflash_draft/model.safetensors").read_bytes() == (
