@@ -286,8 +286,6 @@ def report_from_json(text: str, recipe: DemoRecipe) -> DemoReport:
     current = {k: v for k, v in json.loads(json.dumps(_recipe_dict(recipe))).items() if k not in build_facts}
     if built != current:
         raise ValueError("the build report was written by a different recipe; rebuild the pair")
-    doc["recipe"].setdefault("threads", "?")
-    doc["recipe"].setdefault("cpus", "?")
     return DemoReport(**{**doc, "drafts": [DraftResult(**d) for d in doc["drafts"]]})
 
 
@@ -323,8 +321,8 @@ standard-library sources, so that `dspark generate` works offline out of the box
 text; it is a demonstration of the speculative-decoding machinery, not a useful language model.
 
 Rebuild it with `python scripts/build_demo.py` (deterministic for a given interpreter, torch version and thread
-count). Minutes per stage with {report.recipe['threads']} torch thread(s) on a {report.recipe['cpus']}-core machine: {stages}; total
-{sum(minutes.values()):.0f}.
+count). Minutes per stage with {report.recipe['threads']} torch thread(s) on a {report.recipe['cpus']}-core machine:
+{stages}; total {sum(minutes.values()):.0f}.
 
 ## Contents
 
