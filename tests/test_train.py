@@ -151,6 +151,30 @@ def test_markov_rank_0_writes_deepspec_dflash_ablation(tmp_path, tiny_pair):
     assert draft.markov_head is None and draft.confidence_head is None
 
 
+def test_train_lm_head_and_embeddings_train_own_copies(tmp_path, tiny_pair):
+    """--train-lm-head / --train-embeddings: the draft's copies learn and are saved; the target is untouched;
+    resuming without the same flags is refused in one sentence."""
+    from dspark_cli.runtime.checkpoint import open_checkpoint
+    from dspark_cli.runtime.rules import validate_checkpoint
+
+    target_dir, data = tiny_pair
+    shape = DraftShape(layers=1, block_size=4, markov_rank=8, train_embeddings=True, train_lm_head=True)
+    options = TrainOptions(**{**vars(OPTIONS), "save_every": 2})
+    run = prepare_run(target_dir, [data], tmp_path / "out", shape, options)
+    target_before = {n: p.clone() for n, p in run.trainer.target.named_parameters()}
+    draft = run.trainer.draft
+    initial = {n: getattr(draft, n).weight.detach().clone() for n in ("embed_tokens", "lm_head")}
+    out = train_loop(run.trainer, run.out)
+    for name, before in initial.items():
+        assert not torch.equal(getattr(draft, name).weight, before), name
+    for name, p in run.trainer.target.named_parameters():
+        assert torch.equal(p, target_before[name]), name
+    target_config = json.loads((target_dir / "config.json").read_text())
+    assert validate_checkpoint(open_checkpoint(str(out)), target_config).errors == []
+    with pytest.raises(DsparkError, match="same flags"):
+        prepare_run(target_dir, [data], out, SHAPE, OPTIONS, resume=out / "checkpoint-2")
+
+
 def test_resume_continues_where_the_checkpoint_left_off(tmp_path, tiny_pair):
     from safetensors.torch import load_file
 

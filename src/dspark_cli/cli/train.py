@@ -59,6 +59,12 @@ def train(
     mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id",
                                                 help="Mask token id (default: the tokenizer's, else a free id, "
                                                 "else one added to the draft's vocabulary)."),
+    train_embeddings: bool = typer.Option(False, "--train-embeddings",
+                                          help="Train the draft's own copy of the target's embedding (default: "
+                                          "frozen, as DeepSpec)."),
+    train_lm_head: bool = typer.Option(False, "--train-lm-head",
+                                       help="Train the draft's own copy of the target's lm_head (default: frozen, "
+                                       "as DeepSpec)."),
     steps: int = typer.Option(1000, "--steps", help="Optimizer steps."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per sequence."),
@@ -82,7 +88,8 @@ def train(
 
     shape = DraftShape(layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers),
                        markov_rank=markov_rank, confidence=confidence,
-                       confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id)
+                       confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,
+                       train_embeddings=train_embeddings, train_lm_head=train_lm_head)
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)

@@ -51,6 +51,8 @@ class DraftShape:
     confidence: bool = True
     confidence_with_markov: bool = True
     mask_token_id: int | None = None  # None: the tokenizer's mask token, else a free or an added id
+    train_embeddings: bool = False  # False: a frozen copy of the target's embedding (DeepSpec)
+    train_lm_head: bool = False  # False: a frozen copy of the target's lm_head (DeepSpec)
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,9 @@ def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSpar
                           f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
     rows = target.get_input_embeddings().weight.shape[0]
     mask = choose_mask_token(tokenizer, rows, shape.mask_token_id)
-    return build_draft(draft_config_dict(target_config, shape, layers, mask, anchors), target), mask
+    draft = build_draft(draft_config_dict(target_config, shape, layers, mask, anchors), target)
+    train_shared_weights(draft, shape)
+    return draft, mask
 
 
 def build_draft(config: dict, target) -> DSparkDraft:
@@ -199,6 +203,17 @@ def _extend_embedding(draft: DSparkDraft, target_embed: torch.Tensor) -> None:
     trainable_row = torch.zeros(weight.shape[0], 1)
     trainable_row[-1] = 1.0
     draft.embed_tokens.weight.register_hook(lambda grad: grad * trainable_row.to(grad))
+
+
+def train_shared_weights(draft: DSparkDraft, shape: DraftShape) -> None:
+    """Give the draft its own trainable copies of the target's embedding / lm_head when the shape asks for them
+    (cloned: the frozen target keeps its weights; a trained embedding trains every row, an added mask row too)."""
+    if shape.train_embeddings:
+        draft.embed_tokens.weight = torch.nn.Parameter(draft.embed_tokens.weight.detach().clone())
+        draft.shares_embed = False
+    if shape.train_lm_head:
+        draft.lm_head.weight = torch.nn.Parameter(draft.lm_head.weight.detach().clone())
+        draft.shares_lm_head = False
 
 
 def trainable_parameters(draft: DSparkDraft) -> list[torch.nn.Parameter]:
@@ -409,9 +424,9 @@ class DraftTrainer:
         atomic_write_text(folder / TRAINER_JSON, json.dumps(state, indent=2) + "\n")
         return folder
 
-    def load_state(self, folder: Path) -> None:
-        """Restore what save_checkpoint wrote (the draft must have the checkpoint's geometry)."""
-        state, tensors = read_trainer_state(folder)
+    def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what save_checkpoint wrote, as read_trainer_state returns it (the draft must have the
+        checkpoint's geometry)."""
         params = dict(self.draft.named_parameters())
         with torch.no_grad():
             for name, value in tensors.items():
@@ -541,13 +556,18 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
         draft, mask = new_draft(target, tokenizer, shape, options.anchors_per_sequence(seq_len))
         notes.append(mask.note)
     else:
-        state, _ = read_trainer_state(resume)
+        state, tensors = read_trainer_state(resume)
         draft = build_draft(json.loads((Path(resume) / "config.json").read_text()), target)
+        train_shared_weights(draft, shape)
+        saved = {name.removeprefix("draft.") for name in tensors if name.startswith("draft.")}
+        if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:
+            raise DsparkError(f"--resume {resume}: the checkpoint was trained with other --train-embeddings / "
+                              "--train-lm-head flags than this run's; resume with the same flags.")
         notes.append(f"resuming {resume} at step {state['step']} (draft geometry from its config.json)")
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device)
     if resume is not None:
-        trainer.load_state(resume)
+        trainer.load_state(state, tensors)
     out.mkdir(parents=True, exist_ok=True)
     return TrainingRun(trainer, out, notes)
