@@ -133,22 +133,24 @@ def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_p
 
 
 def test_markov_rank_0_writes_deepspec_dflash_ablation(tmp_path, tiny_pair):
-    """--markov-rank 0: DeepSpec's DFlash ablation (DSpark layout, no heads) validates with only DSP007 and runs."""
+    """--markov-rank 0: DeepSpec's DFlash ablation (DSpark layout, no Markov head) validates with only DSP007 and
+    runs, with or without a confidence head."""
     from dspark_cli.runtime.checkpoint import open_checkpoint
     from dspark_cli.runtime.draft import DSparkDraft
     from dspark_cli.runtime.rules import validate_checkpoint
 
     target_dir, data = tiny_pair
-    shape = DraftShape(layers=1, block_size=4, markov_rank=0, confidence=False)
-    run = prepare_run(target_dir, [data], tmp_path / "out", shape, OPTIONS)
-    out = train_loop(run.trainer, run.out)
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3DSparkModel"] and config["markov_rank"] == 0
     target_config = json.loads((target_dir / "config.json").read_text())
-    report = validate_checkpoint(open_checkpoint(str(out)), target_config)
-    assert report.errors == [] and [f.code for f in report.warnings] == ["DSP007"]
-    draft = DSparkDraft.from_checkpoint(str(out))
-    assert draft.markov_head is None and draft.confidence_head is None
+    for confidence in (False, True):
+        shape = DraftShape(layers=1, block_size=4, markov_rank=0, confidence=confidence)
+        run = prepare_run(target_dir, [data], tmp_path / f"out{confidence}", shape, OPTIONS)
+        out = train_loop(run.trainer, run.out)
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == ["Qwen3DSparkModel"] and config["markov_rank"] == 0
+        report = validate_checkpoint(open_checkpoint(str(out)), target_config)
+        assert report.errors == [] and [f.code for f in report.warnings] == ["DSP007"], report.codes
+        draft = DSparkDraft.from_checkpoint(str(out))
+        assert draft.markov_head is None and (draft.confidence_head is not None) == confidence
 
 
 def test_train_lm_head_and_embeddings_train_own_copies(tmp_path, tiny_pair):

@@ -463,9 +463,10 @@ def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
     add("embed_tokens.weight", (V, H), "[vocab_size, hidden_size]", required=False)
     add("lm_head.weight", (vd, H), "[draft_vocab_size, hidden_size]", required=False)
     add("d2t", (vd,), "[draft_vocab_size]", required=False, dtype="I64")
-    if config.kind == "dspark" and config.markov_rank != 0:  # rank 0: DeepSpec's DFlash ablation, no heads
-        add(MARKOV_W1, (V, r), "[vocab_size, markov_rank]")
-        add(MARKOV_W2, (vd, r), "[draft_vocab_size, markov_rank]")
+    if config.kind == "dspark":
+        if config.markov_rank != 0:  # rank 0: DeepSpec's DFlash ablation, no Markov head
+            add(MARKOV_W1, (V, r), "[vocab_size, markov_rank]")
+            add(MARKOV_W2, (vd, r), "[draft_vocab_size, markov_rank]")
         with_markov = config.confidence_head_with_markov and config.markov_rank != 0
         width = (H + r if r else None) if with_markov else H  # None: markov_rank unknown
         formula = "[1, hidden_size+markov_rank]" if with_markov else "[1, hidden_size]"
