@@ -43,14 +43,15 @@ def main() -> None:
     parser.add_argument("--card-only", action="store_true",
                         help="only rewrite OUT/MODEL_CARD.md from WORK/build_report.json (same recipe)")
     args = parser.parse_args()
+    recipe = DemoRecipe()
     if args.card_only:
         try:
-            report = report_from_json((args.work / "build_report.json").read_text(), DemoRecipe())
+            report = report_from_json((args.work / "build_report.json").read_text(), recipe)
         except (OSError, ValueError) as error:
             print(f"error: cannot re-render the model card from {args.work / 'build_report.json'}: {error}",
                   file=sys.stderr)
             sys.exit(2)
-        (args.out / "MODEL_CARD.md").write_text(model_card(report, DemoRecipe()))
+        (args.out / "MODEL_CARD.md").write_text(model_card(report, recipe))
         print(f"{args.out / 'MODEL_CARD.md'} rewritten from {args.work / 'build_report.json'}")
         return
 
@@ -58,7 +59,6 @@ def main() -> None:
     started = time.perf_counter()
     staging = args.out.with_name(f".{args.out.name}.building")
     shutil.rmtree(staging, ignore_errors=True)
-    recipe = DemoRecipe()
     report = build_demo(staging, args.work, recipe,
                         log=lambda line: print(f"[{time.perf_counter() - started:6.0f}s] {line}", flush=True))
     (staging / "MODEL_CARD.md").write_text(model_card(report, recipe))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -168,8 +167,8 @@ def _target_stage(folder: Path, recipe: DemoRecipe, tokenizer, train_stream: Tok
 
     key = {**_target_key(recipe), "tokenizer_vocab": sorted(tokenizer.get_vocab().items())}
     stage_file = folder / STAGE_FILE
-    if stage_file.is_file() and json.loads(stage_file.read_text())["key"] == json.loads(json.dumps(key)):
-        stage = json.loads(stage_file.read_text())
+    stage = json.loads(stage_file.read_text()) if stage_file.is_file() else {}
+    if stage.get("key") == json.loads(json.dumps(key)):
         log(f"reusing the target built earlier in {folder} (same recipe)")
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         return model, stage["held_out_loss"], stage["seconds"]
@@ -267,7 +266,7 @@ def _every(n: int, callback):
 
 def _recipe_dict(recipe: DemoRecipe) -> dict:
     doc = asdict(recipe)
-    doc["python"] = sys.version.split()[0]
+    doc["python"] = platform.python_version()
     doc["torch"] = torch.__version__
     doc["threads"] = torch.get_num_threads()
     doc["cpus"] = os.cpu_count()
