@@ -59,9 +59,11 @@ def serve(
             print_refusal(refused.report)
         raise
     except DsparkError as error:
+        code = getattr(error, "code", None)  # a CheckpointError's DSP5xx code, printed as validate prints it
         if json_output:
-            render.emit_json({"exit_code": error.exit_code,
-                              "error": {"code": getattr(error, "code", None), "message": error.message}})
+            render.emit_json({"exit_code": error.exit_code, "error": {"code": code, "message": error.message}})
+        if code:
+            raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise
     if json_output:
         render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0})
