@@ -192,6 +192,7 @@ def stand_in_vllm(bin_dir: Path, record: Path, exit_code: int = 7) -> Path:
 
 def run_cli(*args: str, path: Path) -> subprocess.Popen:
     env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONUNBUFFERED", None)  # buffered stdout, as for most users: what is printed before exec must survive
     return subprocess.Popen([sys.executable, "-m", "dspark_cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
