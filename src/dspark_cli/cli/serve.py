@@ -42,7 +42,7 @@ def serve(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
     json_output: bool = typer.Option(False, "--json", help="Print the speculative config and argv as JSON "
                                      "(implies --dry-run)."),
-    vllm_args: Optional[list[str]] = typer.Argument(None, metavar="[-- VLLM_ARGS...]",
+    vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
