@@ -112,6 +112,19 @@ def test_nvfp4_draft_leaves_quantization_to_the_draft_config(tmp_path):
     assert "quantization" not in document["speculative_config"]
 
 
+def test_draft_from_dspark_quantize(tmp_path):
+    spec = DraftSpec(markov_rank=64)
+    target = write_target_config(tmp_path / "target", spec)
+    source = write_draft(tmp_path / "bf16", spec)
+    out = tmp_path / "nvfp4"
+    quantized = runner.invoke(app, ["quantize", str(source), "-o", str(out), "--engine", "torch"])
+    assert quantized.exit_code == 0, quantized.stderr
+    _, config = dry_run(target, out)
+    assert config == {"method": "dspark", "model": str(out.resolve()), "num_speculative_tokens": 4,
+                      "draft_sample_method": "probabilistic"}  # fmt: skip
+    assert "nvfp4" in json.loads(invoke(target, out, "--json").stdout)["draft_quantization"]
+
+
 def test_reduced_vocabulary_draft(tmp_path, target_dir):
     draft = write_draft(tmp_path / "reduced", DraftSpec(draft_vocab_size=128))
     _, config = dry_run(target_dir, draft, "--draft-topk", "128")
