@@ -32,9 +32,9 @@ def _global_options(
 
 
 def _register() -> None:
-    from dspark_cli.cli import bench, generate, quantize, train, validate
+    from dspark_cli.cli import bench, generate, quantize, serve, train, validate
 
-    for module in (validate, quantize, generate, bench, train):
+    for module in (validate, quantize, generate, bench, train, serve):
         module.register(app)
 
 
