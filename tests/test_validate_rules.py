@@ -97,11 +97,12 @@ DFLASH = S.with_(markov_rank=0, confidence=False, own_embed=False, own_lm_head=F
         (lambda p: write_draft(p, S.with_(sample_from_anchor=False), edit={"dspark_bonus_anchor": True}), target(),
          ["DSP030"]),
         (lambda p: write_draft(p, S, edit={"logit_scale": 0.5}), target(), []),
+        (lambda p: write_draft(p, S.with_(draft_vocab_size=300), mutate=drop("d2t")), target(), ["DSP020"]),
     ],
     ids=["single", "target", "sharded", "reduced-vocab", "bias+narrow-target", "shared-embed", "no-confidence",
          "confidence-no-markov", "dflash", "nvfp4", "nvfp4-sharded", "nvfp4-scale2-shape-1", "nvfp4-single-algo",
          "specforge-hoisted", "specforge-renamed", "speculators-dspark", "speculators-dflash", "int32-d2t",
-         "null-draft-vocab", "mask-in-own-embedding", "bonus-anchor-both-keys", "logit-scale"],
+         "null-draft-vocab", "mask-in-own-embedding", "bonus-anchor-both-keys", "logit-scale", "padded-draft-vocab"],
 )  # fmt: skip
 def test_valid_checkpoints_trigger_no_rule(tmp_path, build, target_config, expected):
     path = build(tmp_path / "draft")
@@ -559,3 +560,11 @@ def test_validation_never_modifies_the_checkpoint(tmp_path):
     before = {p.name: p.read_bytes() for p in path.iterdir()}
     validate_checkpoint(open_checkpoint(path), target(R64), deep=True)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+
+
+def test_logit_scale_is_used_as_vllm_uses_it():
+    from dspark_cli.runtime.config import DraftConfig
+
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": -2.0}).logit_scale == -2.0
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": 0}).logit_scale == 0.0
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": "2"}).logit_scale == 1.0  # DSP032 reports it

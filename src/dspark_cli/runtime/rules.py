@@ -1044,8 +1044,9 @@ class _Validation:
         resolved["confidence_head"] = self.confidence_summary()
         resolved["layout"] = "N queries, slot j predicts p+j+1" if config.sample_from_anchor else (
             "1+N queries, mask slot j predicts p+j")
-        resolved["vllm_layout"] = "1+N queries (dspark_bonus_anchor true)" if config.vllm_bonus_anchor else (
-            "N queries (dspark_bonus_anchor false or missing)")
+        if config.kind == "dspark":  # the layout vLLM's DSpark speculator serves (DSP033 when it differs)
+            resolved["vllm_layout"] = "1+N queries (dspark_bonus_anchor true)" if config.vllm_bonus_anchor else (
+                "N queries (dspark_bonus_anchor false or missing)")
         resolved["embed_tokens"] = "own" if any("embed_tokens" in n for n in self.tensors) else "shared from target"
         resolved["lm_head"] = "own" if any(n.startswith("lm_head") for n in self.tensors) else "shared from target"
         resolved["tensors"] = len(self.on_disk)
