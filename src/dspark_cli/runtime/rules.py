@@ -773,8 +773,8 @@ class _Validation:
             shape = list(self.tensors[name].shape)
             if name.endswith(".bias") and name.removesuffix(".bias") in modules:
                 self.add("DSP210", f"tensor {name!r} {shape} has no parameter in vLLM's model (this config builds "
-                         "that layer without a bias); vLLM's weight loader ignores unexpected biases, so the draft "
-                         "runs without it.", "If the draft was trained with attention biases, set attention_bias to "
+                         "that layer without a bias); current vLLM's weight loader ignores unexpected biases, so the "
+                         "draft runs without it (releases without that rule fail to load it).", "If the draft was trained with attention biases, set attention_bias to "
                          "true; otherwise remove the tensor.")
                 continue
             self.add("DSP205", f"tensor {name!r} {shape} has no parameter in vLLM's "
