@@ -25,7 +25,7 @@ def full_forward(target: TargetModel, ids: list[int]):
     return out.logits[0], [h[0] for h in out.hidden_states]
 
 
-@pytest.mark.parametrize("indices", [(1, 3), (0, 2, 4)])  # 4 = the final norm's output, 0 = the embedding
+@pytest.mark.parametrize("indices", [(1, 3), (0, 2)])  # 0 = the embedding output
 def test_prefill_features_are_the_requested_hidden_states(target_dir, indices):
     target = TargetModel.load(target_dir, indices)
     logits, features = target.prefill(torch.tensor(PROMPT))
@@ -33,6 +33,21 @@ def test_prefill_features_are_the_requested_hidden_states(target_dir, indices):
     torch.testing.assert_close(logits, full_logits[-1])
     torch.testing.assert_close(features, torch.cat([hidden[i] for i in indices], dim=-1))
     assert target.cache_length == len(PROMPT)
+
+
+def test_last_layer_feature_is_the_raw_layer_output_not_the_final_norm(target_dir):
+    """Capture index L (layer L-1) is the residual stream DeepSpec and vLLM use; HF's hidden_states[L] is post-norm."""
+    target = TargetModel.load(target_dir, (2, 4))
+    _, features = target.prefill(torch.tensor(PROMPT))
+    _, hidden = full_forward(target, PROMPT)
+    decoder = target.model.get_decoder()
+    final_norm, decoder.norm = decoder.norm, torch.nn.Identity()
+    try:
+        _, raw = full_forward(target, PROMPT)  # without the final norm, hidden_states[L] is layer L-1's output
+    finally:
+        decoder.norm = final_norm
+    torch.testing.assert_close(features, torch.cat([raw[2], raw[4]], dim=-1))
+    assert not torch.allclose(features[:, 64:], hidden[4], atol=1e-3)  # HF's last entry: after the final norm
 
 
 @pytest.mark.parametrize("kwarg", ["cache", "past_key_values"])

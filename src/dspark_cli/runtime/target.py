@@ -5,10 +5,12 @@
     logits, features = target.verify(block_ids)        # [k+1, V], [k+1, n*Ht]; appends to the cache
     target.crop(committed_length)                      # roll the cache back after a rejection
 
-Features are the HF `output_hidden_states` entries the draft reads (index = target layer id + 1,
-DeepSpec's and vLLM's convention), captured with forward hooks so that only those few tensors are
-kept: index 0 is the embedding output, index i in 1..L-1 the output of decoder layer i-1, index L the
-final norm's output, exactly as transformers numbers them.
+Features are the hidden states the draft reads, by capture index = target layer id + 1 (DeepSpec's
+and vLLM's convention), captured with forward hooks so that only those few tensors are kept: index 0 is
+the embedding output and index i in 1..L the raw output of decoder layer i-1 (the residual stream).
+That equals HF `output_hidden_states[i]` except for i = L, where transformers stores the final norm's
+output instead; DeepSpec's target cache and vLLM's aux capture both use the raw layer output, so dspark
+does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
 transformers 5.x portability (environment.md §5): the cache kwarg is `cache` from 5.24 and
 `past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
@@ -160,12 +162,7 @@ class TargetModel:
             if not 0 <= index <= depth:
                 raise DsparkError(f"the draft reads target hidden state {index} (layer id {index - 1}) but the target "
                                   f"has {depth} layers; the draft was trained for a different target.")
-            if index == 0:
-                module = decoder.get_input_embeddings()
-            elif index < depth:
-                module = layers[index - 1]
-            else:
-                module = decoder.norm  # HF's last hidden state is the final norm's output
+            module = decoder.get_input_embeddings() if index == 0 else layers[index - 1]  # never the final norm
             module.register_forward_hook(self._capture_hook(index))
 
     def _capture_hook(self, index: int):
