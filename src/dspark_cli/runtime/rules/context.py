@@ -82,6 +82,7 @@ class RuleContext:
 
 
 def build_context(ckpt: Checkpoint, target: TargetConfig | None, deep: bool) -> RuleContext:
+    """Every fact the rules share, from what `open_checkpoint` parsed (no tensor data is read)."""
     config = DraftConfig.from_dict(ckpt.config)
     on_disk = ckpt.tensors
     tensors = {canonical_name(name): info for name, info in on_disk.items()}
