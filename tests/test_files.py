@@ -193,12 +193,15 @@ def test_output_file_in_a_read_only_folder_is_refused(tmp_path):
         folder.chmod(0o700)
 
 
-def test_generate_json_refuses_the_drafts_config_before_running():
+def test_generate_json_refuses_the_drafts_config_before_running(tmp_path):
+    import shutil
+
     from dspark_cli.runtime.demo import demo_pair
 
-    _, draft_dir = demo_pair()
+    target_dir, draft_dir = (shutil.copytree(path, tmp_path / path.name) for path in demo_pair())
     before = (draft_dir / "config.json").read_bytes()
-    result = runner.invoke(app, ["generate", "hi", "--json", str(draft_dir / "config.json"), "--device", "cpu"])
+    result = runner.invoke(app, ["generate", "hi", "--target", str(target_dir), "--draft", str(draft_dir),
+                                 "--json", str(draft_dir / "config.json"), "--device", "cpu"])
     assert result.exit_code == 2, result.output
     assert "is inside the draft checkpoint" in words(result.stderr)
     assert (draft_dir / "config.json").read_bytes() == before
