@@ -51,7 +51,9 @@ def main() -> None:
 
 
 def _raise_terminated(signum, frame) -> None:
-    """SIGTERM unwinds like Ctrl-C (temporary outputs removed), then render.handle_errors exits 143."""
+    """SIGTERM unwinds like Ctrl-C (temporary outputs removed), then render.handle_errors exits 143. Further
+    SIGTERMs are ignored so that the cleanup can finish (SIGKILL still stops the process)."""
     from dspark_cli.errors import Terminated
 
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()

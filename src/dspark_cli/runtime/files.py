@@ -6,7 +6,8 @@ Every command that writes goes through this module:
     checked before any long run;
   - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
-    (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM.
+    (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
+  - `regular_file_inside`: whether a checkpoint file may be copied into an output (no symlink escapes).
 Files and folders are created with the usual modes (0666 / 0777 minus the umask), as other tools do.
 """
 
