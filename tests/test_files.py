@@ -151,6 +151,20 @@ def test_train_output_created_meanwhile_is_refused(tmp_path, train_inputs, appea
     assert appeared == "empty" or (out / "config.json").read_text() == "theirs"
 
 
+def test_outputs_that_are_files_or_under_files_are_refused(tmp_path, train_inputs, draft):
+    from dspark_cli.runtime.training_output import check_output
+
+    target, data, _ = train_inputs
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(DsparkError, match="is not a folder"):
+        check_output(tmp_path / "file", target, [data], None, None, force=True)
+    with pytest.raises(DsparkError, match="is not a folder"):
+        check_output(tmp_path / "file" / "out", target, [data], None, None, force=False)
+    result = runner.invoke(app, ["quantize", str(draft), "-o", str(tmp_path / "file" / "q"), "--engine", "torch"])
+    assert result.exit_code == 2 and "is not a folder" in words(result.stderr) and "Traceback" not in result.output
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 def test_train_accepts_an_existing_empty_folder(tmp_path, train_inputs):
     from dspark_cli.runtime.training_output import check_output, create_output
 

@@ -101,13 +101,18 @@ def check_output_file(path: PathLike | None, inputs: Iterable[NamedInput], what:
         raise DsparkError(f"{what} {path} is a folder; give a file name.")
     if path.exists() and not path.is_file():
         raise DsparkError(f"{what} {path} exists and is not a regular file; give another file name.")
-    parent = Path(os.path.abspath(path)).parent
+    check_writable_parent(path, what)
+
+
+def check_writable_parent(path: PathLike, what: str) -> None:
+    """Refuse `path` when its nearest existing parent is not a folder this process may create entries in."""
+    parent = Path(os.path.abspath(os.path.expanduser(os.fspath(path)))).parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise DsparkError(f"{what} {path}: {parent} is not a folder; give another file name.")
+        raise DsparkError(f"{what} {path}: {parent} is not a folder; choose another path.")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise DsparkError(f"{what} {path}: the folder {parent} is not writable; give another file name.")
+        raise DsparkError(f"{what} {path}: the folder {parent} is not writable; choose another path.")
 
 
 # --- reading inputs ------------------------------------------------------------------------------------------------
@@ -217,8 +222,11 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
     out = Path(out)
     if os.path.lexists(out) and not force:
         raise DsparkError(_exists_message(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as error:
+        raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output folder.") from None
     try:
         os.chmod(tmp, default_dir_mode())
         yield tmp

@@ -40,7 +40,8 @@ from dspark_cli.runtime.checkpoint import (
     TensorInfo,
     open_checkpoint,
 )
-from dspark_cli.runtime.files import atomic_output_dir, refuse_input_overlap, regular_file_inside
+from dspark_cli.runtime.files import (atomic_output_dir, check_writable_parent, refuse_input_overlap,
+                                      regular_file_inside)
 
 MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
 MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
@@ -209,6 +210,7 @@ def _local_checkpoint(source: str | os.PathLike, revision: str | None) -> Checkp
 
 def _check_output_folder(ckpt: Checkpoint, out: Path, force: bool) -> None:
     refuse_input_overlap(out, [("input checkpoint", ckpt.local_dir)], "output folder")
+    check_writable_parent(out, "output folder")
     if os.path.lexists(out) and not force:
         raise DsparkError(f"{out} already exists; choose another output folder or pass --force to replace it.")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.files import local_inputs, real_path, refuse_input_overlap
+from dspark_cli.runtime.files import check_writable_parent, local_inputs, real_path, refuse_input_overlap
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def check_output(out: Path, target: str | Path, data: list[Path], resume: Path |
     if os.path.lexists(out) and not out.is_dir():
         raise DsparkError(f"{out} exists and is not a folder; choose another output folder.")
     taken = out.is_dir() and any(out.iterdir())
+    if not out.is_dir() or (taken and force):
+        check_writable_parent(out, "output folder")  # out is created (again) beside its siblings
     if taken and not in_place and not force:
         raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
                           "to replace it, or --resume a checkpoint inside it.")
@@ -57,11 +59,13 @@ def create_output(out: Path, claim: OutputClaim) -> None:
         return
     if claim.replace:
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(out, 0o777)  # the umask applies
     except FileExistsError:
         if claim.replace or not claim.existed or any(out.iterdir()):
             raise DsparkError(f"{out} was created by someone else while the target loaded (another run?); it was "
                               "left as it is. Choose another output folder.") from None
+    except OSError as error:
+        raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output folder.") from None
 
