@@ -77,8 +77,8 @@ def refuse_input_overlap(output: PathLike, inputs: Iterable[NamedInput], what: s
         if source in out.parents:
             raise DsparkError(f"{what} {output} is inside the {description} {path}; choose a path outside it.")
         if out in source.parents:
-            raise DsparkError(f"{what} {output} contains the {description} {path}, which replacing it would "
-                              "delete; choose another path.")
+            raise DsparkError(f"{what} {output} contains the {description} {path}; choose a path that holds no "
+                              "input.")
 
 
 def local_inputs(description: str, sources: Iterable[PathLike | None]) -> list[NamedInput]:
