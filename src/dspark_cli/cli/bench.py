@@ -67,6 +67,7 @@ def markov(
 
     from dspark_cli.runtime.bench import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
 
+    _check_outputs(json_out, plot, draft)
     device_name = (device.value if device else None) or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device_name == "cuda"
     config = BenchConfig(
@@ -106,6 +107,17 @@ def markov(
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
                           "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
+
+
+def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
+    """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
+    from dspark_cli.runtime.files import check_output_file, local_inputs, real_path
+
+    inputs = local_inputs("draft checkpoint", [draft])
+    check_output_file(json_out, inputs, "--json file")
+    check_output_file(plot, inputs, "--plot file")
+    if json_out is not None and plot is not None and str(json_out) != "-" and real_path(json_out) == real_path(plot):
+        raise DsparkError(f"--json and --plot both name {plot}; give them different files.")
 
 
 def _table(report, fmt: str, temperature: float) -> Table:

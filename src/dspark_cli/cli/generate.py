@@ -110,6 +110,7 @@ def generate(
     from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
     from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair
     from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.files import check_output_file, local_inputs
     from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
     from dspark_cli.runtime.metrics import summarize
     from dspark_cli.runtime.sampling import SamplingParams
@@ -138,6 +139,8 @@ def generate(
     torch_dtype = _dtype(dtype, torch_device, torch)
 
     ckpt = open_checkpoint(draft)  # headers only: every check below runs before any weight is loaded
+    inputs = local_inputs("prompts file", [prompts]) + local_inputs("target", [target])
+    check_output_file(json_path, inputs + [("draft checkpoint", ckpt.local_dir)], "--json file")
     pair = check_pair(ckpt, read_target_config(target), block_size, draft_topk)
     for warning in pair.warnings:
         out.print(Text(f"warning: {warning}", style="yellow"))

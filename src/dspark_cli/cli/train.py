@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from dspark_cli.cli import render
+from dspark_cli.errors import Terminated
 
 
 class ProgressWithStats(Progress):
@@ -82,7 +83,7 @@ def train(
 
     from transformers.utils import logging as hf_logging
 
-    from dspark_cli.runtime.training import DraftShape, TrainOptions, prepare_run, train_loop
+    from dspark_cli.runtime.training import DraftShape, TrainOptions
 
     hf_logging.disable_progress_bar()
 
@@ -93,6 +94,20 @@ def train(
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)
+    existed = out.exists()
+    try:
+        final = _run(target, data, out, shape, options, device, resume, chat_template, force)
+    except (KeyboardInterrupt, Terminated) as stop:
+        stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
+        raise
+    render.console.print(f"draft written to [bold]{final}[/] (check it with `dspark validate {final} --target "
+                         f"{target}`)")
+
+
+def _run(target, data, out, shape, options, device, resume, chat_template, force) -> Path:
+    from dspark_cli.runtime.training import prepare_run, train_loop
+
+    steps = options.steps
     with render.console.status("loading the target and the data"):
         run = prepare_run(target, data, out, shape, options, device=device, resume=resume,
                           chat_template=chat_template, force=force)
@@ -109,9 +124,22 @@ def train(
                               f"acceptance per position ≈ {accept}")
             progress.update(task, completed=report.step)
 
-        final = train_loop(run.trainer, run.out, on_step)
-    render.console.print(f"draft written to [bold]{final}[/] (check it with `dspark validate {final} --target "
-                         f"{target}`)")
+        return train_loop(run.trainer, run.out, on_step)
+
+
+def _kept_after_interrupt(out: Path, existed: bool) -> str:
+    """What an interrupted run leaves in `out`, in one sentence (checkpoints are written whole or not at all)."""
+    if not out.is_dir():
+        return "nothing was written"
+    from dspark_cli.runtime.training import latest_checkpoint
+
+    latest = latest_checkpoint(out)
+    if latest is not None:
+        return f"the latest checkpoint {latest} was kept; continue with --resume {latest}"
+    if not existed and not any(out.iterdir()):
+        out.rmdir()  # the empty folder this run created
+        return "nothing was written"
+    return f"no checkpoint was written in {out}"
 
 
 def _check_positive(**values: int) -> None:

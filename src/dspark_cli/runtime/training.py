@@ -408,20 +408,19 @@ class DraftTrainer:
         (no pickle)."""
         from safetensors.torch import save_file
 
-        from dspark_cli.runtime.files import atomic_write_text
+        from dspark_cli.runtime.files import atomic_output_dir
 
-        self.draft.save(folder, include_shared=True)
         optimizer = self.optimizer.state_dict()
         tensors = {f"draft.{name}": p.detach().cpu().contiguous() for name, p in self.draft.named_parameters()
                    if p.requires_grad}  # the frozen target weights are not part of the state
         for index, slots in optimizer["state"].items():
             tensors.update({f"optimizer.{index}.{k}": v.detach().cpu().contiguous() for k, v in slots.items()})
         tensors["generator"] = self.generator.get_state()
-        tmp = folder / f".{TRAINER_STATE}.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, folder / TRAINER_STATE)
         state = {"step": self.step, "options": asdict(self.options), "param_groups": optimizer["param_groups"]}
-        atomic_write_text(folder / TRAINER_JSON, json.dumps(state, indent=2) + "\n")
+        with atomic_output_dir(folder, force=True) as tmp:  # a checkpoint is there whole or not at all
+            self.draft.write_files(tmp, include_shared=True)
+            save_file(tensors, str(tmp / TRAINER_STATE))
+            (tmp / TRAINER_JSON).write_text(json.dumps(state, indent=2) + "\n")
         return folder
 
     def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
@@ -454,7 +453,8 @@ def read_trainer_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    found = [p for p in Path(out).glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file()]
+    found = [p for p in Path(out).glob(f"{CHECKPOINT_PREFIX}*")
+             if p.name.removeprefix(CHECKPOINT_PREFIX).isdigit() and (p / TRAINER_STATE).is_file()]
     return max(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)), default=None)
 
 
@@ -493,11 +493,13 @@ def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[Lo
 
 def save_final(draft: DSparkDraft, out: Path) -> Path:
     """Write the final draft's config.json and model.safetensors into `out` (beside any checkpoint-N folders)."""
-    staging = out / ".final.tmp"
-    draft.save(staging, include_shared=True)
-    for name in ("config.json", "model.safetensors"):
-        os.replace(staging / name, out / name)
-    staging.rmdir()
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".final.", suffix=".tmp", dir=out) as staging:  # removed on any error
+        draft.write_files(Path(staging), include_shared=True)
+        for name in ("model.safetensors", "config.json"):  # each replaced atomically
+            os.replace(Path(staging) / name, out / name)
     return out
 
 
@@ -536,17 +538,12 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
                 force: bool = False) -> TrainingRun:
     """Load the target and data, create (or resume) the draft and its trainer; `out` is created here."""
-    import shutil
-
     from dspark_cli.runtime.training_data import load_token_stream
+    from dspark_cli.runtime.training_output import check_output, create_output
 
     torch_device = resolve_device(device)
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and resume is None:
-        if not force:
-            raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
-                              "to replace it, or --resume a checkpoint inside it.")
-        shutil.rmtree(out)
+    claim = check_output(out, target_path, data, resume, chat_template, force)  # before anything is deleted
     target, tokenizer = load_target(target_path, torch_device)
     stream = load_token_stream(data, tokenizer, chat_template)
     torch.manual_seed(options.seed)
@@ -569,5 +566,5 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     trainer = DraftTrainer(target, draft, stream, options, torch_device)
     if resume is not None:
         trainer.load_state(state, tensors)
-    out.mkdir(parents=True, exist_ok=True)
+    create_output(out, claim)
     return TrainingRun(trainer, out, notes)
