@@ -9,7 +9,8 @@ the drafting report). The output folder holds:
   - config.json with `quantization_config` and hf_quant_config.json, both MIXED_PRECISION with one
     `quantized_layers` entry, `model.markov_head.markov_w2` (the prefix vLLM gives the layer; docs/quantize.md);
   - an updated model.safetensors.index.json when the checkpoint is sharded.
-The folder is written beside OUT and renamed at the end (runtime/files.atomic_output_dir). NVFP4 math lives in
+The folder is written beside OUT, re-read and checked (runtime/quantize_verify.py), and renamed at the end
+(runtime/files.atomic_output_dir). NVFP4 math lives in
 kernels/nvfp4.py; this module only checks, reports and writes.
 """
 
@@ -41,6 +42,7 @@ from dspark_cli.runtime.checkpoint import (
     open_checkpoint,
 )
 from dspark_cli.runtime.files import atomic_output_dir
+from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
 MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
 MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
@@ -160,6 +162,7 @@ def quantize_checkpoint(
 
     with atomic_output_dir(out, force) as folder:
         linked, copied = write_quantized_checkpoint(ckpt, w2_info, weight, folder)
+        verify_quantized_output(ckpt, folder)  # before the rename: a failure leaves nothing
 
     return QuantizeReport(
         source=ckpt.source,
