@@ -24,12 +24,12 @@ def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:
         written = open_checkpoint(folder)
     except DsparkError as error:
         _fail(f"it cannot be read back ({error.message})")
-    missing_files = [name for name in ckpt.files if name not in written.files]
-    if missing_files:
-        _fail(f"{len(missing_files)} input file(s) are missing from it, first {missing_files[0]!r}")
     problem = _tensor_problem(ckpt.tensors, written.tensors)
     if problem:
         _fail(problem)
+    missing_files = [name for name in ckpt.files if name not in written.files]
+    if missing_files:
+        _fail(f"{len(missing_files)} input file(s) are missing from it, first {missing_files[0]!r}")
     errors = validate_checkpoint(written).errors
     if errors:
         first = errors[0]
