@@ -187,7 +187,7 @@ def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> C
 
 def read_json(path: Path, what: str) -> Any:
     """Parse a checkpoint's JSON file (`what` names it in messages): a regular file of at most MAX_JSON_BYTES."""
-    with open_regular(path, what) as handle:
+    with open_regular(path, what, limit=MAX_JSON_BYTES) as handle:
         data = handle.read(MAX_JSON_BYTES + 1)
     if len(data) > MAX_JSON_BYTES:
         raise CheckpointError("DSP501", f"{path} grew beyond the {MAX_JSON_BYTES}-byte limit while being read; "
@@ -196,7 +196,7 @@ def read_json(path: Path, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def open_regular(path: Path, what: str, limit: int | None = MAX_JSON_BYTES) -> Iterator[BinaryIO]:
+def open_regular(path: Path, what: str, limit: int | None) -> Iterator[BinaryIO]:
     """Open `path` for reading only if it is a regular file (of at most `limit` bytes); never blocks on a FIFO."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -244,14 +244,16 @@ def parse_json_text(
 
 
 def _json_depth_within(document: Any, limit: int) -> bool:
-    """Whether `document` nests at most `limit` containers deep (iterative: deep input cannot exhaust the stack)."""
-    level: list[Any] = [document]
-    for _ in range(limit + 1):
-        level = [child for node in level if isinstance(node, (dict, list))
-                 for child in (node.values() if isinstance(node, dict) else node)]  # fmt: skip
-        if not level:
+    """Whether at most `limit` objects/arrays nest in `document` ("[]" is 1 deep); iterative, so deep input is safe."""
+    level, depth = [document], 0
+    while True:
+        containers = [node for node in level if isinstance(node, (dict, list))]
+        if not containers:
             return True
-    return False
+        depth += 1
+        if depth > limit:
+            return False
+        level = [child for node in containers for child in (node.values() if isinstance(node, dict) else node)]
 
 
 def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[str, TensorInfo]:
