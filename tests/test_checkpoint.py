@@ -343,10 +343,15 @@ def test_tensor_count_is_capped_per_file_and_per_checkpoint(tmp_path, spec, monk
     (tmp_path / "many" / "config.json").write_text("{}")
     header = {f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(21)}
     _raw_shard(tmp_path / "many" / "model.safetensors", json.dumps(header).encode(), bytes(21))
-    with pytest.raises(CheckpointError, match="declares 21 tensors, more than the 20"):
+    with pytest.raises(CheckpointError, match="model.safetensors declares 21 or more tensors, more than the 20"):
         open_checkpoint(tmp_path / "many")
+    monkeypatch.setattr(json, "loads", None)  # the count is made before the header is parsed
+    with pytest.raises(CheckpointError, match="model.safetensors declares 21 or more tensors, more than the 20"):
+        checkpoint.read_safetensors_header(tmp_path / "many" / "model.safetensors")
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20)
     sharded = write_draft(tmp_path / "sharded", spec, shards=2)  # 31 tensors, 15 and 16 per shard
-    with pytest.raises(CheckpointError, match="more than 20 tensors in its safetensors files"):
+    with pytest.raises(CheckpointError, match="sharded declares 31 or more tensors, more than the 20"):
         open_checkpoint(sharded)
 
 
@@ -361,3 +366,23 @@ def test_deeply_nested_jsonl_lines_are_one_sentence(tmp_path, reader):
     read = (lambda: read_prompts(path)) if reader == "prompts" else (lambda: read_documents([path]))
     with pytest.raises(DsparkError, match=r"data.jsonl.*2 nests JSON objects or arrays more than 100 levels deep"):
         read()
+
+
+def test_tensor_count_is_exact_across_read_chunks(tmp_path, monkeypatch):
+    """The streaming count reads 1 MiB at a time; 20,000 entries span two chunks and must count 20,000 exactly."""
+    from dspark_cli.runtime import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20_000)
+    for count in (20_000, 20_001):
+        header = {f"tensor.{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(count)}
+        raw = json.dumps(header).encode()
+        before_boundary = raw.rfind(b'"data_offsets"', 0, (1 << 20) - 7)
+        raw = b"{" + b" " * ((1 << 20) - 7 - before_boundary) + raw[1:]  # one key straddles the chunk boundary
+        assert raw.find(b'"data_offsets"', (1 << 20) - 7) == (1 << 20) - 7
+        _raw_shard(tmp_path / "model.safetensors", raw, bytes(count))
+        if count == 20_000:
+            assert len(checkpoint.read_safetensors_header(tmp_path / "model.safetensors")) == 20_000
+        else:
+            monkeypatch.setattr(json, "loads", None)  # refused by the streaming count, before any parsing
+            with pytest.raises(CheckpointError, match="declares 20001 or more tensors"):
+                checkpoint.read_safetensors_header(tmp_path / "model.safetensors")

@@ -30,9 +30,10 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 # The safetensors library refuses a header longer than MAX_HEADER_SIZE = 100_000_000 bytes (safetensors/src/tensor.rs;
 # decimal, not 100 MiB), so vLLM cannot load one either.
 MAX_HEADER_BYTES = 100_000_000
-# Tensors per safetensors file and per checkpoint: a DSpark draft has a few dozen, the largest public LLM shards a few
-# thousand; a header of a million tiny entries would keep validate busy for minutes.
-MAX_TENSORS = 100_000
+# Tensors per draft checkpoint (all files together). A DSpark draft has 11 per layer plus about 10 (DeepSpec's 5-layer
+# drafts: 65), so 10,000 leaves room for ~900 layers; a header of a million tiny entries would otherwise cost
+# minutes and gigabytes (docs/validate.md, "Limits").
+MAX_TENSORS = 10_000
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, the shard index, hf_quant_config.json: real ones are a few MB at most
 MAX_JSON_DEPTH = 100  # nesting of objects/arrays; real configs nest fewer than 10 levels
 SKIPPED_FOLDERS = (".cache", ".git")  # huggingface_hub local_dir metadata, a git clone's object store
@@ -276,18 +277,42 @@ def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[st
                     "DSP503", f"{path} declares a {header_len}-byte header but the file has {size} bytes; "
                     "the file is truncated or not safetensors, re-download it.",
                 )
-            raw = handle.read(header_len)
+            raw = _read_counting_tensors(handle, header_len, path)
         except OSError as error:
             raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
     header = parse_json_text(raw, f"{path}'s safetensors header", "re-download the file", code="DSP503")
     if not isinstance(header, dict):
         raise CheckpointError("DSP503", f"{path} has a safetensors header that is not a JSON object; re-download it.")
-    if len(header) > MAX_TENSORS:
-        raise CheckpointError(
-            "DSP503", f"{path} declares {len(header)} tensors, more than the {MAX_TENSORS} dspark reads from one "
-            "file (a draft has a few dozen); the file is corrupt or not a draft."
-        )
+    _check_tensor_count(len(header) - ("__metadata__" in header), path)
     return _tensor_infos(header, path, file_name, data_start=8 + header_len, size=size)
+
+
+def _read_counting_tensors(handle: BinaryIO, length: int, path: Path) -> bytes:
+    """Read a `length`-byte header in 1 MiB chunks, stopping once it has declared more than MAX_TENSORS tensors.
+
+    Every tensor entry has a "data_offsets" key (inside a string its quotes would be escaped), so counting that
+    key bounds the work before json.loads builds a dict per entry.
+    """
+    key = b'"data_offsets"'
+    chunks, count, tail = [], 0, b""
+    while length > 0:
+        chunk = handle.read(min(length, 1 << 20))
+        if not chunk:
+            break
+        count += (tail + chunk).count(key)  # `tail` is shorter than `key`: a match is counted in one window only
+        _check_tensor_count(count, path)
+        chunks.append(chunk)
+        tail = chunk[-(len(key) - 1):]
+        length -= len(chunk)
+    return b"".join(chunks)
+
+
+def _check_tensor_count(count: int, where: Path) -> None:
+    if count > MAX_TENSORS:
+        raise CheckpointError(
+            "DSP503", f"{where} declares {count} or more tensors, more than the {MAX_TENSORS} dspark reads from a draft (which "
+            "has a few dozen); the checkpoint is corrupt or not a draft."
+        )
 
 
 def _tensor_infos(header: dict, path: Path, file_name: str, data_start: int, size: int) -> dict[str, TensorInfo]:
@@ -376,11 +401,7 @@ def _open_local(source: str, root: Path) -> Checkpoint:
     for name in _weight_files(ckpt, root):
         ckpt.shards[name] = read_safetensors_header(_member(ckpt, name), name)
         total += len(ckpt.shards[name])
-        if total > MAX_TENSORS:
-            raise CheckpointError(
-                "DSP503", f"{root} declares more than {MAX_TENSORS} tensors in its safetensors files (a draft has a "
-                "few dozen); the checkpoint is corrupt or not a draft."
-            )
+        _check_tensor_count(total, root)
     return ckpt
 
 

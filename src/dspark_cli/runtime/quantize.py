@@ -40,6 +40,7 @@ from dspark_cli.runtime.checkpoint import (
     Checkpoint,
     TensorInfo,
     open_checkpoint,
+    parse_json_text,
 )
 from dspark_cli.runtime.files import atomic_output_dir
 from dspark_cli.runtime.quantize_verify import verify_quantized_output
@@ -552,7 +553,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The raw safetensors header (incl. __metadata__) and the file offset where its data starts."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length)), 8 + length
+        return parse_json_text(handle.read(length), f"{path}'s safetensors header", code="DSP503"), 8 + length
 
 
 def _copy_range(src: BinaryIO, dst: BinaryIO, begin: int, end: int) -> None:
