@@ -183,7 +183,8 @@ def hostile_headers(runs: int) -> None:
     dspark = shutil.which("dspark", path=str(Path(sys.executable).parent)) or "dspark"
     root = Path(tempfile.mkdtemp(prefix="dspark-bench-hostile-"))
     try:
-        print(f"median of {runs} runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}); MAX_TENSORS {MAX_TENSORS}")
+        print(f"median of {runs} runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}); "
+              f"MAX_TENSORS {MAX_TENSORS}")
         for entries in (MAX_TENSORS - 100, 1_200_000):
             folder = root / f"e{entries}"
             # written by a child process, so that this one stays small (children fork from it: max RSS)
@@ -194,8 +195,9 @@ def hostile_headers(runs: int) -> None:
                 args = [dspark, "validate", str(folder), *extra]
                 measured = [run_measured(args) for _ in range(runs)]
                 code, wall, rss = (statistics.median(column) for column in zip(*measured))
-                print(f"  {entries:>9,} extra tensors, {header / 1e6:5.1f} MB header, {' '.join(['validate', *extra]):<16}"
-                      f" exit {code:.0f}: {wall:5.2f} s wall, {rss / 1024:4.0f} MB max RSS")  # fmt: skip
+                command = " ".join(["validate", *extra])
+                print(f"  {entries:>9,} extra tensors, {header / 1e6:5.1f} MB header, {command:<16} exit {code:.0f}: "
+                      f"{wall:5.2f} s wall, {rss / 1024:4.0f} MB max RSS")
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -147,6 +147,7 @@ def test_train(offline, tmp_path):
     out = tmp_path / "trained"
     result = runner.invoke(app, ["train", "--target", "org/target", "--data", str(data), "-o", str(out),
                                  "--layers", "1", "--block-size", "4", "--markov-rank", "16", "--steps", "2",
-                                 "--batch-size", "2", "--seq-len", "32", "--anchors", "4", "--device", "cpu"])  # fmt: skip
+                                 "--batch-size", "2", "--seq-len", "32", "--anchors", "4",
+                                 "--device", "cpu"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()

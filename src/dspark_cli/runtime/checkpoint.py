@@ -310,8 +310,8 @@ def _read_counting_tensors(handle: BinaryIO, length: int, path: Path) -> bytes:
 def _check_tensor_count(count: int, where: Path) -> None:
     if count > MAX_TENSORS:
         raise CheckpointError(
-            "DSP503", f"{where} declares {count} or more tensors, more than the {MAX_TENSORS} dspark reads from a draft (which "
-            "has a few dozen); the checkpoint is corrupt or not a draft."
+            "DSP503", f"{where} declares {count} or more tensors, more than the {MAX_TENSORS} dspark reads from a "
+            "draft (which has a few dozen); the checkpoint is corrupt or not a draft."
         )
 
 
