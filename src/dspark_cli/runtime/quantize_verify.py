@@ -9,6 +9,7 @@ must report no error. A failure raises DsparkError; the caller's atomic_output_d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint import MARKOV_W2, Checkpoint, TensorInfo, open_checkpoint
@@ -23,7 +24,7 @@ def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:
     try:
         written = open_checkpoint(folder)
     except DsparkError as error:
-        _fail(f"it cannot be read back ({error.message})")
+        _fail(f"it cannot be read back ({error.message.rstrip('.')})")
     problem = _tensor_problem(ckpt.tensors, written.tensors)
     if problem:
         _fail(problem)
@@ -35,10 +36,10 @@ def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:
         first = errors[0]
         if first.code in {finding.code for finding in validate_checkpoint(ckpt).errors}:
             raise DsparkError(
-                f"{ckpt.source} itself fails dspark validate ({first.code}: {first.message}), so the quantized copy "
-                "would too; fix the input first. Nothing was written."
+                f"{ckpt.source} itself fails dspark validate ({first.code}: {first.message.rstrip('.')}), so the "
+                "quantized copy would too; fix the input first, nothing was written."
             )
-        _fail(f"dspark validate reports {first.code}: {first.message}")
+        _fail(f"dspark validate reports {first.code}: {first.message.rstrip('.')}")
 
 
 def _tensor_problem(before: dict[str, TensorInfo], after: dict[str, TensorInfo]) -> str | None:
@@ -67,7 +68,7 @@ def _tensor_problem(before: dict[str, TensorInfo], after: dict[str, TensorInfo])
     return None
 
 
-def _fail(problem: str) -> None:
+def _fail(problem: str) -> NoReturn:
     raise DsparkError(
         f"the quantized checkpoint failed dspark's self-check before it was published: {problem}; nothing was "
         "written (this is a dspark bug, please report it)."
