@@ -1,6 +1,7 @@
 """Every command on checkpoints that live in a Hugging Face hub cache under a folder named `.cache`, offline.
 
-The cache is laid out by huggingface_hub's own helpers, as `hf_hub_download` leaves it:
+The cache is laid out by the helpers `hf_hub_download` itself calls (`repo_folder_name`, and the private
+`_create_symlink` / `_cache_commit_hash_for_specific_revision` of huggingface_hub.file_download), as it leaves it:
 `models--org--name/blobs/<sha256>`, `snapshots/<commit>/<file> -> ../../blobs/<sha256>` (relative links) and
 `refs/main` holding the commit. Commands get hub ids (`org/draft`) and resolve them with HF_HUB_OFFLINE=1.
 """
