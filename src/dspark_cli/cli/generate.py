@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -234,6 +233,7 @@ def read_prompts(path: Path) -> list[str]:
     """Prompts from a .txt file (one per non-empty line) or a .jsonl file (a JSON string or an object with a
     'prompt' string per line)."""
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint import parse_json_text
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -247,10 +247,8 @@ def read_prompts(path: Path) -> list[str]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DsparkError(f"--prompts {path} line {number} is not JSON ({error.msg}).") from None
+        record = parse_json_text(line, f"--prompts {path} line {number}", "give one JSON string or object per line",
+                                 invalid="is not JSON")
         text = record.get("prompt") if isinstance(record, dict) else record
         if not isinstance(text, str):
             raise DsparkError(f"--prompts {path} line {number}: give a JSON string or an object with a 'prompt' "

@@ -9,7 +9,8 @@ the drafting report). The output folder holds:
   - config.json with `quantization_config` and hf_quant_config.json, both MIXED_PRECISION with one
     `quantized_layers` entry, `model.markov_head.markov_w2` (the prefix vLLM gives the layer; docs/quantize.md);
   - an updated model.safetensors.index.json when the checkpoint is sharded.
-The folder is written beside OUT and renamed at the end (runtime/files.atomic_output_dir). NVFP4 math lives in
+The folder is written beside OUT, re-read and checked (runtime/quantize_verify.py), and renamed at the end
+(runtime/files.atomic_output_dir). NVFP4 math lives in
 kernels/nvfp4.py; this module only checks, reports and writes.
 """
 
@@ -39,9 +40,11 @@ from dspark_cli.runtime.checkpoint import (
     Checkpoint,
     TensorInfo,
     open_checkpoint,
+    parse_json_text,
 )
 from dspark_cli.runtime.files import (atomic_output_dir, check_writable_parent, refuse_input_overlap,
                                       regular_file_inside)
+from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
 MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
 MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
@@ -161,6 +164,7 @@ def quantize_checkpoint(
 
     with atomic_output_dir(out, force) as folder:
         linked, copied = write_quantized_checkpoint(ckpt, w2_info, weight, folder, report_warnings)
+        verify_quantized_output(ckpt, folder)  # before the rename: a failure leaves nothing
 
     return QuantizeReport(
         source=ckpt.source,
@@ -565,7 +569,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The raw safetensors header (incl. __metadata__) and the file offset where its data starts."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length)), 8 + length
+        return parse_json_text(handle.read(length), f"{path}'s safetensors header", code="DSP503"), 8 + length
 
 
 def _copy_range(src: BinaryIO, dst: BinaryIO, begin: int, end: int) -> None:
