@@ -24,6 +24,7 @@ from dspark_cli.runtime import files
 from dspark_cli.runtime import quantize as quantize_module
 from dspark_cli.runtime.files import (atomic_output_dir, atomic_write_text, check_output_file,
                                       refuse_input_overlap)
+from dspark_cli.runtime.checkpoint import list_checkpoint_files
 from dspark_cli.runtime.quantize import quantize_checkpoint
 
 SPEC = DraftSpec(markov_rank=64)
@@ -351,7 +352,7 @@ def test_quantize_refuses_a_weight_shard_outside_the_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft", "elsewhere.safetensors"]
 
 
-def test_regular_file_inside_counts_hub_blobs_of_the_same_repo_only(tmp_path):
+def test_checkpoint_files_count_hub_blobs_of_the_same_repo_only(tmp_path):
     repo = tmp_path / "hub" / "models--org--draft"
     snapshot, blobs = repo / "snapshots" / ("a" * 40), repo / "blobs"
     snapshot.mkdir(parents=True)
@@ -364,14 +365,11 @@ def test_regular_file_inside_counts_hub_blobs_of_the_same_repo_only(tmp_path):
     (snapshot / "README.md").symlink_to(other / "def")
     (snapshot / "folder").mkdir()
     os.mkfifo(snapshot / "fifo")
-    assert files.regular_file_inside(snapshot, snapshot / "model.safetensors")
-    assert not files.regular_file_inside(snapshot, snapshot / "README.md")
-    assert not files.regular_file_inside(snapshot, snapshot / "folder")
-    assert not files.regular_file_inside(snapshot, snapshot / "fifo")
+    assert list_checkpoint_files(snapshot) == (["model.safetensors"], ["README.md", "fifo"])  # folders: not files
     plain = tmp_path / "plain"  # a folder not named like a hub snapshot gets no blobs/ allowance
     plain.mkdir()
     (plain / "x").symlink_to(blobs / "abc")
-    assert not files.regular_file_inside(plain, plain / "x")
+    assert list_checkpoint_files(plain) == ([], ["x"])
 
 
 def test_quantize_keeps_file_modes(tmp_path, umask_027):

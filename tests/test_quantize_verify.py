@@ -85,8 +85,8 @@ def test_a_broken_output_is_refused_and_removed(tmp_path, monkeypatch, break_out
     (draft / "README.md").write_text("a draft\n")
     writer = quantize_module.write_quantized_checkpoint
 
-    def broken_writer(ckpt, w2_info, weight, folder):
-        result = writer(ckpt, w2_info, weight, folder)
+    def broken_writer(ckpt, w2_info, weight, folder, warnings_out=None):
+        result = writer(ckpt, w2_info, weight, folder, warnings_out)
         break_output(folder)
         return result
 

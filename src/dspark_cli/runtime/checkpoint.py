@@ -94,6 +94,7 @@ class Checkpoint:
     revision: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # every file in the checkpoint, relative names
+    skipped: list[str] = field(default_factory=list)  # entries that are not its files (links leading out, FIFOs)
     index: dict[str, Any] | None = None  # model.safetensors.index.json, when sharded
     shards: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)  # file -> name -> info
     hf_quant_config: dict[str, Any] | None = None  # hf_quant_config.json, when present
@@ -392,7 +393,7 @@ def _is_int_list(value: Any) -> bool:
 
 def _open_local(source: str, root: Path) -> Checkpoint:
     ckpt = Checkpoint(source=source, local_dir=root)
-    ckpt.files = list_checkpoint_files(root)
+    ckpt.files, ckpt.skipped = list_checkpoint_files(root)
     ckpt.config = _config_object(read_json(_member(ckpt, CONFIG_FILE), CONFIG_FILE), root / CONFIG_FILE)
     if (root / QUANT_CONFIG_FILE).exists() or (root / QUANT_CONFIG_FILE).is_symlink():
         quant_path = _member(ckpt, QUANT_CONFIG_FILE)
@@ -405,8 +406,9 @@ def _open_local(source: str, root: Path) -> Checkpoint:
     return ckpt
 
 
-def list_checkpoint_files(root: Path) -> list[str]:
-    """Relative names of the checkpoint's regular files, judged by their path inside `root` only.
+def list_checkpoint_files(root: Path) -> tuple[list[str], list[str]]:
+    """(members, skipped): relative names of the checkpoint's regular files, judged by their path inside `root`
+    only, and of the other entries found (skipped folders are not entered, so not listed).
 
     Skipped: folders named in SKIPPED_FOLDERS, anything that is not a regular file (folders, FIFOs, devices), and
     symlinks that resolve outside `root` -- except, in a Hugging Face cache snapshot
@@ -415,14 +417,13 @@ def list_checkpoint_files(root: Path) -> list[str]:
     """
     root_real = root.resolve()
     blobs = _hub_blobs_folder(root_real)
-    names = []
+    names, skipped = [], []
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if d not in SKIPPED_FOLDERS)
         for file in files:
             path = Path(folder, file)
-            if _is_member(path, root_real, blobs):
-                names.append(path.relative_to(root).as_posix())
-    return sorted(names)
+            (names if _is_member(path, root_real, blobs) else skipped).append(path.relative_to(root).as_posix())
+    return sorted(names), sorted(skipped)
 
 
 def _hub_blobs_folder(root_real: Path) -> Path | None:

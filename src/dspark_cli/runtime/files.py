@@ -7,7 +7,6 @@ Every command that writes goes through this module:
   - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
     (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
-  - `regular_file_inside`: whether a checkpoint file may be copied into an output (no symlink escapes).
 Files and folders are created with the usual modes (0666 / 0777 minus the umask), as other tools do.
 """
 
@@ -116,22 +115,6 @@ def check_writable_parent(path: PathLike, what: str) -> None:
 
 
 # --- reading inputs ------------------------------------------------------------------------------------------------
-
-
-def regular_file_inside(root: Path, path: Path) -> bool:
-    """True when `path` leads (symlinks followed) to a regular file inside the checkpoint folder `root`.
-
-    A hub-cache snapshot (`.../models--org--name/snapshots/<rev>`) links its files into the same repo's `blobs/`
-    folder; those count as inside.
-    """
-    real = Path(os.path.realpath(path))
-    if not real.is_file():
-        return False
-    root = Path(os.path.abspath(root))
-    homes = [Path(os.path.realpath(root))]
-    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--", "spaces--")):
-        homes.append(Path(os.path.realpath(root.parent.parent / "blobs")))
-    return any(home in real.parents for home in homes)
 
 
 # --- atomic files --------------------------------------------------------------------------------------------------

@@ -42,8 +42,7 @@ from dspark_cli.runtime.checkpoint import (
     open_checkpoint,
     parse_json_text,
 )
-from dspark_cli.runtime.files import (atomic_output_dir, check_writable_parent, refuse_input_overlap,
-                                      regular_file_inside)
+from dspark_cli.runtime.files import atomic_output_dir, check_writable_parent, refuse_input_overlap
 from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
 MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
@@ -442,8 +441,9 @@ def write_quantized_checkpoint(
 ) -> tuple[list[str], list[str]]:
     """Fill `folder` with the quantized checkpoint; returns (hard-linked files, copied files).
 
-    Only regular files inside the checkpoint are linked or copied (files.regular_file_inside); another file is
-    skipped with a warning appended to `warnings_out`, a weight shard raises DsparkError. Files keep their modes.
+    Only the checkpoint's own files are linked or copied (regular files inside it: `Checkpoint.files`; opening it
+    already refused a weight shard that leads elsewhere); each skipped entry is named in `warnings_out`. Files keep
+    their modes.
     """
     linked: list[str] = []
     copied: list[str] = []
@@ -452,20 +452,13 @@ def write_quantized_checkpoint(
         MARKOV_W2_SCALE: weight.scale,  # float8_e4m3fn [Vd, r/16]
         MARKOV_W2_GLOBAL_SCALE: weight.global_scale.reshape(()),  # float32 [] (vLLM and ModelOpt write a scalar)
     }
-    weight_files = {info.file for info in ckpt.tensors.values()}
+    if warnings_out is not None:
+        warnings_out.extend(f"{name} was not copied: it is not a regular file inside the checkpoint (a link leading "
+                            "outside it, a FIFO or a device)." for name in ckpt.skipped)
     for name in ckpt.files:
         if name in (CONFIG_FILE, INDEX_FILE):
             continue  # written below
         source = ckpt.local_dir / name
-        if not regular_file_inside(ckpt.local_dir, source):
-            where = os.path.realpath(source)
-            if name in weight_files:
-                raise DsparkError(f"{ckpt.source}: weight file {name} is not a regular file inside the checkpoint "
-                                  f"(it leads to {where}); copy the file into the checkpoint folder.")
-            if warnings_out is not None:
-                warnings_out.append(f"{name} was not copied: it is not a regular file inside the checkpoint "
-                                    f"(it leads to {where}).")
-            continue
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if name == w2_info.file:
