@@ -2,14 +2,19 @@
 interpreter), the token check catches wrong walks, and the command runs end to end with --json and --plot."""
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
 from ckpt_factory import write_draft
 from typer.testing import CliRunner
 
+import dspark_cli
 from dspark_cli.cli import app
 from dspark_cli.kernels.markov import (
     gathered_bias_reference,
@@ -242,3 +247,17 @@ def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_pat
             assert not row["tokens"]["ok"] and row["timing"] is None
         elif row["method"] != "select":
             assert row["tokens"]["ok"] and (row["timing"] is not None or row["mode"] == "interpreter")
+
+
+def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
+    """The README example in a new process: torch imports triton (from torch._dynamo, while the draft is
+    built) before dspark's kernels are imported, so the interpreter must be chosen before that import."""
+    draft = write_draft(tmp_path / "draft", spec)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(Path(dspark_cli.__file__).parents[1]), HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-m", "dspark_cli", "bench", "markov", "--draft", str(draft), "--device",
+                             "cpu", "--block", "2", "--batch", "1", "--topk", "8", "--temperature", "0", "--reps",
+                             "1", "--warmup", "0", "--format", "bf16"], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 fused walk" in result.stdout and "kernel*" in result.stdout
