@@ -9,6 +9,7 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
@@ -97,12 +98,12 @@ def markov(
         for temp in config.temperatures:
             out.print(_table(report, fmt, temp))
     for note in report.notes:
-        out.print(f"[dim]• {note}[/]", highlight=False)
+        out.print(Text(f"• {note}", style="dim"), highlight=False)
     if json_out is not None:
         emit_json(report.to_dict(), json_out)
     if plot is not None:
         write_latency_chart(report, plot)
-        out.print(f"plot written to {plot}", highlight=False)
+        out.print(Text(f"plot written to {plot}"), highlight=False)
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
                           "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
@@ -111,11 +112,11 @@ def markov(
 def _table(report, fmt: str, temperature: float) -> Table:
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(
-        title=f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} Vd={report.draft_vocab} "
-        f"r={report.rank} N={report.block} · {report.device_name}",
-        caption=f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
+        title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} Vd={report.draft_vocab} "
+        f"r={report.rank} N={report.block} · {report.device_name}"),
+        caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
         f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
-        + (" · * Triton kernel under the interpreter: tokens checked, not timed" if _interpreted(report) else ""),
+        + (" · * Triton kernel under the interpreter: tokens checked, not timed" if _interpreted(report) else "")),
         title_justify="left",
         caption_justify="left",
         box=box.SIMPLE_HEAD,

@@ -97,7 +97,7 @@ def train(
         run = prepare_run(target, data, out, shape, options, device=device, resume=resume,
                           chat_template=chat_template, force=force)
     for note in run.notes:
-        render.console.print(f"[dim]{note}[/]")
+        render.console.print(Text(note, style="dim"))
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with ProgressWithStats(*columns, console=render.console) as progress:
         task = progress.add_task("train", total=steps, completed=run.trainer.step)
@@ -110,8 +110,8 @@ def train(
             progress.update(task, completed=report.step)
 
         final = train_loop(run.trainer, run.out, on_step)
-    render.console.print(f"draft written to [bold]{final}[/] (check it with `dspark validate {final} --target "
-                         f"{target}`)")
+    render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
+                                       f" (check it with `dspark validate {final} --target {target}`)"))
 
 
 def _check_positive(**values: int) -> None:
