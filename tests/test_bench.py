@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import dspark_cli
 from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
 from dspark_cli.kernels.markov import (
     gathered_bias_reference,
     markov_walk_reference,
@@ -223,6 +224,14 @@ def test_bench_command_from_a_checkpoint(tmp_path, spec):
         (["--vocab", "64", "--rank", "16", "--format", "fp8"], "--format takes"),
         (["--vocab", "64", "--rank", "16", "--batch", "0,2"], "--batch takes positive integers"),
         (["--vocab", "64", "--rank", "16", "--temperature", "-1"], "--temperature takes"),
+        (["--vocab", "64", "--rank", "16", "--temperature", "nan"], "--temperature takes finite numbers"),
+        (["--vocab", "64", "--rank", "16", "--temperature", "0,inf"], "--temperature takes finite numbers"),
+        (["--vocab", "64", "--rank", "16", "--peak-gbps", "inf"], "--peak-gbps must be a finite number"),
+        (["--vocab", "64", "--rank", "16", "--seed", str(2**64)], "--seed"),
+        (["--vocab", "64", "--rank", "16", "--seed", "-1"], "--seed"),
+        (["--vocab", "10000000000", "--rank", "16"], "GiB of Markov weights for V=10000000000"),
+        (["--batch", "100000"], "of logit rows for batch 100000 x block 7"),
+        (["--vocab", "64", "--rank", "16", "--topk", "8", "--block", "1000000000"], "x block 1000000000"),
     ],
 )
 def test_bad_options_are_one_sentence_and_exit_2(args, message):
@@ -261,3 +270,23 @@ def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 fused walk" in result.stdout and "kernel*" in result.stdout
+
+
+def test_the_memory_check_compares_the_estimate_with_the_free_memory(monkeypatch):
+    from dspark_cli.runtime import bench
+
+    config = BenchConfig(batches=(1, 8), block=7, formats=("bf16",))
+    weights, inputs = bench.memory_needed(config, 1000, 500, 64)
+    assert weights == (1000 + 500) * 64 * 6 + 500 * 64 * 6 and inputs == 8 * 7 * 500 * bench.INPUT_BYTES_PER_LOGIT
+    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs)
+    bench.random_heads(config, 1000, 500, 64)  # fits exactly
+    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs - 1)
+    with pytest.raises(DsparkError, match="needs about"):
+        bench.random_heads(config, 1000, 500, 64)
+
+
+def test_a_seed_near_two_to_the_64_runs(tmp_path):
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block",
+                                 "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0,1",
+                                 "--reps", "1", "--warmup", "0", "--seed", str(2**64 - 1)])  # fmt: skip
+    assert result.exit_code == 0, result.output

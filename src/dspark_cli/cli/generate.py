@@ -26,6 +26,7 @@ MARKOV_CHOICES = ("auto", "dense", "topk", "nvfp4", "fused")
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # fmt: skip
 BAR_WIDTH = 20
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +98,8 @@ def generate(
                                         "template (default: when it has one)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly with the target and report the "
                                   "speedup (and, when greedy, any divergence)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of every random draw (reproducible runs)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Seed of every random draw (reproducible "
+                             "runs; 0 to 2^64 - 1)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, "
                               "bfloat16 or float16."),
