@@ -116,6 +116,17 @@ def test_no_prompt_with_an_explicit_pair_is_refused(pair):
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--chat"], "has no chat template"),
         (["--dtype", "int8"], "--dtype must be"),
+        (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "-0.5"], "--temperature"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top-p", "nan"], "top_p must be in (0, 1]"),
+        (["--seed", str(2**64)], "--seed"),
+        (["--seed", "-1"], "--seed"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--block-size", "0"], "--block-size must be at least 1"),
+        (["--draft-topk", "0"], "--draft-topk must be between 1 and"),
+        (["--confidence-threshold", "nan"], "--confidence-threshold must be in (0, 1]"),
     ],
 )
 def test_bad_options_are_one_clear_sentence(pair, args, message):
