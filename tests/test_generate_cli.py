@@ -163,3 +163,35 @@ def test_incompatible_target_is_refused_before_loading(pair, tmp_path):
     write_target_config(other, SPEC, hidden_size=32)  # config.json only: no weights to load
     result = generate("hello", "--target", str(other), "--draft", pair[1])
     assert result.exit_code == 2 and "DSP024" in result.output
+
+
+def copy_draft_with(draft: str, root, **values: float):
+    """A copy of `draft` whose tensors named in `values` (dots as __) are filled with that value."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = root / "draft-copy"
+    shutil.copytree(draft, copy)
+    tensors = load_file(str(copy / "model.safetensors"))
+    for name, value in values.items():
+        tensors[name.replace("__", ".")].fill_(value)
+    save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return str(copy)
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_a_draft_with_nan_weights_is_reported_and_the_json_is_kept(pair, tmp_path, temperature):
+    target, draft = pair
+    broken = copy_draft_with(draft, tmp_path, confidence_head__proj__weight=float("nan"),
+                             markov_head__markov_w2__weight=float("inf"))  # fmt: skip
+    out = tmp_path / "run.json"
+    result = generate("hello", "--target", target, "--draft", broken, "--max-new-tokens", "12", "--temperature",
+                      temperature, "--json", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "has NaN or inf values in 2 weight tensor(s)" in text and "markov_head.markov_w2.weight" in text
+    assert "confidence calibration unavailable" in text
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["calibration"] is None and "not probabilities" in doc["summary"]["calibration_unavailable"]
+    assert len(doc["prompts"][0]["tokens"]) == 12

@@ -115,7 +115,13 @@ def generate(
     from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
     from dspark_cli.runtime.metrics import summarize
     from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import autoregressive_generate, check_pair, speculative_generate
+    from dspark_cli.runtime.speculative import (
+        autoregressive_generate,
+        check_pair,
+        nonfinite_warning,
+        nonfinite_weights,
+        speculative_generate,
+    )
     from dspark_cli.runtime.target import TargetModel
 
     out = render.err_console if json_path == "-" else render.console
@@ -157,6 +163,10 @@ def generate(
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
         tokenizer = _tokenizer(target)
+    corrupt = nonfinite_warning(draft, nonfinite_weights(draft_model))
+    if corrupt is not None:
+        pair.warnings.append(corrupt)
+        out.print(Text(f"warning: {corrupt}", style="yellow"))
     if confidence_threshold is not None and draft_model.confidence_head is None:
         raise DsparkError(f"{draft} has no confidence head, so --confidence-threshold cannot be used.")
     try:
@@ -358,6 +368,8 @@ def print_report(out: Console, settings: Settings, summary: "Summary", runs: lis
     out.print(_metrics_table(summary))
     if summary.calibration is not None:
         out.print(_calibration_table(summary))
+    elif summary.calibration_unavailable is not None:
+        out.print(Text(f"confidence calibration unavailable: {summary.calibration_unavailable}.", style="yellow"))
     if baseline and greedy:
         diverged = [(i, run.first_divergence) for i, run in enumerate(runs) if run.first_divergence is not None]
         if not diverged:

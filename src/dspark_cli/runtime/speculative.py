@@ -93,6 +93,21 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
     return PairCheck(block_size, trained, draft_topk, warnings)
 
 
+def nonfinite_weights(module: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of `module` that hold NaN or inf."""
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+
+
+def nonfinite_warning(source: str, names: list[str]) -> str | None:
+    """One sentence about a draft whose weights hold NaN or inf, or None when they are all finite."""
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{source} has NaN or inf values in {len(names)} weight tensor(s) ({shown}): its proposals will mostly "
+            "be rejected and its confidences are meaningless (the output is still exactly the target's).")
+
+
 class DraftContext:
     """Context K/V of the draft for positions 0..length-1, in buffers that grow by doubling."""
 
