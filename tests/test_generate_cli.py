@@ -195,3 +195,102 @@ def test_a_draft_with_nan_weights_is_reported_and_the_json_is_kept(pair, tmp_pat
     doc = json.loads(out.read_text())
     assert doc["summary"]["calibration"] is None and "not probabilities" in doc["summary"]["calibration_unavailable"]
     assert len(doc["prompts"][0]["tokens"]) == 12
+
+
+def no_weight_loading(monkeypatch):
+    """Make loading the target fail loudly: the checks under test must run before it."""
+    from dspark_cli.runtime import target as target_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target's weights were loaded")
+
+    monkeypatch.setattr(target_module.TargetModel, "load", classmethod(refuse))
+
+
+def test_a_one_megabyte_prompt_is_refused_before_loading(pair, tmp_path, monkeypatch):
+    """The byte tokenizer makes 1 MB one token per byte: 1,000,000 tokens against a 4096-position context."""
+    no_weight_loading(monkeypatch)
+    prompts = tmp_path / "big.txt"
+    prompts.write_text("a" * 1_000_000 + "\n")
+    result = generate("--prompts", str(prompts), "--target", pair[0], "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "prompt 1 has 1,000,000 tokens" in text and "more than the 4,096 of" in text
+
+
+def test_prompt_plus_new_tokens_beyond_the_context_is_refused(pair, monkeypatch):
+    no_weight_loading(monkeypatch)
+    result = generate("b" * 4000, "--target", pair[0], "--draft", pair[1], "--max-new-tokens", "97")
+    assert result.exit_code == 2, result.output
+    assert "4,097 positions, more than the 4,096" in " ".join(result.output.split())
+
+
+def test_a_prompt_that_fits_exactly_runs(pair):
+    result = generate("c" * 4094, "--target", pair[0], "--draft", pair[1], "--max-new-tokens", "2")
+    assert result.exit_code == 0, result.output
+
+
+def with_chat_template(target: str, root, template: str) -> str:
+    """A copy of the target whose tokenizer carries `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    copy = root / "chat-target"
+    shutil.copytree(target, copy)
+    tokenizer = AutoTokenizer.from_pretrained(str(copy))
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(copy))
+    return str(copy)
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ messages[0]['content'] | no_such_filter }}", "TemplateAssertionError: No filter named 'no_such_filter'"),
+        ("{{ raise_exception('roles must alternate') }}", "TemplateError: roles must alternate"),
+        ("{{ messages.nope.nope }}", "UndefinedError"),
+        ("{{ 1 + messages[0]['content'] }}", "TypeError"),
+        ("{% for m in messages %}{{ m['content'] }}", "TemplateSyntaxError"),
+    ],
+)
+def test_a_failing_chat_template_is_one_sentence(pair, tmp_path, monkeypatch, template, message):
+    no_weight_loading(monkeypatch)
+    target = with_chat_template(pair[0], tmp_path, template)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert f"the chat template of {target} fails: {message}" in text and "pass --no-chat" in text
+
+
+def test_a_runaway_chat_template_is_stopped(pair, tmp_path, monkeypatch):
+    from dspark_cli.runtime import chat
+
+    no_weight_loading(monkeypatch)
+    monkeypatch.setattr(chat, "CHAT_TEMPLATE_SECONDS", 0.5)
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}{% endfor %}{% endfor %}"
+    target = with_chat_template(pair[0], tmp_path, loop)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    assert "was still rendering after 0.5 s" in " ".join(result.output.split())
+
+
+def test_an_oversized_chat_rendering_is_refused(pair, tmp_path, monkeypatch):
+    from dspark_cli.runtime import chat
+
+    no_weight_loading(monkeypatch)
+    monkeypatch.setattr(chat, "CHAT_TEMPLATE_MAX_CHARS", 1000)
+    template = "{% for i in range(300) %}{{ messages[0]['content'] }}{% endfor %}"
+    target = with_chat_template(pair[0], tmp_path, template)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    assert "produced 1,500 characters for one prompt (the limit is 1,000)" in " ".join(result.output.split())
+
+
+def test_a_working_chat_template_is_used(pair, tmp_path):
+    target = with_chat_template(pair[0], tmp_path, "<{{ messages[0]['content'] }}>")
+    out = tmp_path / "r.json"
+    result = generate("hello", "--target", target, "--draft", pair[1], "--max-new-tokens", "3", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["chat"] is True and doc["prompts"][0]["prompt_tokens"] == len("<hello>")

@@ -109,6 +109,7 @@ def generate(
     import torch
 
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.chat import encode_prompt
     from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
     from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair
     from dspark_cli.runtime.draft import DSparkDraft
@@ -117,7 +118,9 @@ def generate(
     from dspark_cli.runtime.sampling import SamplingParams
     from dspark_cli.runtime.speculative import (
         autoregressive_generate,
+        check_context,
         check_pair,
+        context_limit,
         nonfinite_warning,
         nonfinite_weights,
         speculative_generate,
@@ -146,9 +149,16 @@ def generate(
     torch_dtype = _dtype(dtype, torch_device, torch)
 
     ckpt = open_checkpoint(draft)  # headers only: every check below runs before any weight is loaded
-    pair = check_pair(ckpt, read_target_config(target), block_size, draft_topk)
+    target_config = read_target_config(target)
+    pair = check_pair(ckpt, target_config, block_size, draft_topk)
     for warning in pair.warnings:
         out.print(Text(f"warning: {warning}", style="yellow"))
+    tokenizer = _tokenizer(target)
+    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    if use_chat and not getattr(tokenizer, "chat_template", None):
+        raise DsparkError(f"--chat: the tokenizer of {target} has no chat template; pass --no-chat.")
+    prompt_ids = [encode_prompt(tokenizer, text, use_chat, target) for text in texts]
+    check_context([len(ids) for ids in prompt_ids], max_new_tokens, context_limit(target_config), target)
 
     with out.status("loading the target and the draft"):
         from transformers.utils import logging as transformers_logging
@@ -162,7 +172,6 @@ def generate(
         draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
-        tokenizer = _tokenizer(target)
     corrupt = nonfinite_warning(draft, nonfinite_weights(draft_model))
     if corrupt is not None:
         pair.warnings.append(corrupt)
@@ -175,10 +184,6 @@ def generate(
     except ValueError as error:
         raise DsparkError(f"--markov {markov}: {error}.") from None
 
-    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
-    if use_chat and not getattr(tokenizer, "chat_template", None):
-        raise DsparkError(f"--chat: the tokenizer of {target} has no chat template; pass --no-chat.")
-    prompt_ids = [_encode(tokenizer, text, use_chat) for text in texts]
     stop_ids = _stop_ids(target_model, tokenizer)
     settings = Settings(target, draft, str(torch_device), str(torch_dtype).removeprefix("torch."), pair.block_size,
                         pair.trained_block_size, strategy, pair.draft_topk, confidence_threshold, temperature, top_p,
@@ -302,14 +307,6 @@ def _tokenizer(target: str):
     except (OSError, ValueError) as error:
         raise DsparkError(f"cannot load a tokenizer from {target} ({error}); the target folder needs its tokenizer "
                           "files (tokenizer.json, tokenizer_config.json).") from None
-
-
-def _encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
 
 
 def _stop_ids(target_model, tokenizer) -> list[int]:

@@ -93,6 +93,26 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
     return PairCheck(block_size, trained, draft_topk, warnings)
 
 
+def context_limit(target_config: dict) -> int | None:
+    """The target's max_position_embeddings (of its text config for a multimodal model), or None."""
+    text_config = target_config.get("text_config")
+    config = text_config if isinstance(text_config, dict) else target_config
+    limit = config.get("max_position_embeddings")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, limit: int | None, source: str) -> None:
+    """Refuse, before any weights are loaded, a prompt that cannot fit with its new tokens in the target's context
+    (prefilling it would take minutes of uninterruptible work and the positions would be meaningless)."""
+    if limit is None:
+        return
+    index, longest = max(enumerate(prompt_lengths), key=lambda item: item[1])
+    if longest + max_new_tokens > limit:
+        raise DsparkError(f"prompt {index + 1} has {longest:,} tokens, and with {max_new_tokens:,} new tokens that is "
+                          f"{longest + max_new_tokens:,} positions, more than the {limit:,} of {source}'s context "
+                          "(max_position_embeddings); shorten the prompt or ask for fewer new tokens.")
+
+
 def nonfinite_weights(module: torch.nn.Module) -> list[str]:
     """Names of the floating-point parameters and buffers of `module` that hold NaN or inf."""
     tensors = [*module.named_parameters(), *module.named_buffers()]
