@@ -46,3 +46,13 @@ def test_usage_lines_name_arguments_plainly(command, usage):
     text = words(result.stdout)
     assert usage in text and "{" not in text.split("Usage:")[1].split("  ")[0]
     assert "{checkpoint}" not in text and "{CHECKPOINT}" not in text
+
+
+@pytest.mark.parametrize("command", [["bench", "markov", "--device", "cpu", "--draft"], ["validate", "--deep"]])
+def test_a_checkpoint_folder_name_that_is_not_utf8_is_one_sentence(tmp_path, command):
+    import os
+
+    draft = write_draft(tmp_path / os.fsdecode(b"draft-\xff"), DraftSpec())
+    result = runner.invoke(app, [*command, str(draft)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "draft-\\xff has a name that is not valid UTF-8" in words(result.stderr)

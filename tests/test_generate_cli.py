@@ -294,3 +294,19 @@ def test_a_working_chat_template_is_used(pair, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["settings"]["chat"] is True and doc["prompts"][0]["prompt_tokens"] == len("<hello>")
+
+
+@pytest.mark.parametrize("which", ["--target", "--draft"])
+def test_a_folder_name_that_is_not_utf8_is_named_not_the_file(pair, tmp_path, which):
+    import os
+    import shutil
+
+    target, draft = pair
+    moved = tmp_path / os.fsdecode(b"folder-\xff\xfe")
+    shutil.copytree(target if which == "--target" else draft, moved)
+    paths = {"--target": target, "--draft": draft, which: str(moved)}
+    result = generate("hello", "--target", paths["--target"], "--draft", paths["--draft"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert f"{which} {tmp_path}/folder-\\xff\\xfe has a name that is not valid UTF-8" in text
+    assert "the files themselves may be fine" in text

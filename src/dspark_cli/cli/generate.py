@@ -115,6 +115,7 @@ def generate(
     from dspark_cli.runtime.draft import DSparkDraft
     from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
     from dspark_cli.runtime.metrics import summarize
+    from dspark_cli.runtime.paths import require_utf8_path
     from dspark_cli.runtime.sampling import SamplingParams
     from dspark_cli.runtime.speculative import (
         autoregressive_generate,
@@ -148,6 +149,8 @@ def generate(
     torch_device = _device(device, torch)
     torch_dtype = _dtype(dtype, torch_device, torch)
 
+    require_utf8_path(target, "--target")
+    require_utf8_path(draft, "--draft")
     ckpt = open_checkpoint(draft)  # headers only: every check below runs before any weight is loaded
     target_config = read_target_config(target)
     pair = check_pair(ckpt, target_config, block_size, draft_topk)

@@ -288,7 +288,9 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     from dspark_cli.runtime.checkpoint import open_checkpoint
     from dspark_cli.runtime.config import DraftConfig
     from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.paths import require_utf8_path
 
+    require_utf8_path(source, "the draft")
     ckpt = open_checkpoint(source)
     draft_config = DraftConfig.from_dict(ckpt.config)
     if not draft_config.markov_rank:
