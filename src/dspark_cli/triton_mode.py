@@ -32,7 +32,10 @@ class _ChooseBeforeTriton:
     def find_spec(name, path=None, target=None):
         if name == "triton":
             uninstall()
-            choose()
+            try:
+                choose()
+            except Exception:  # a finder must never break an import (e.g. torch half-imported): no choice made
+                pass
         return None
 
 
