@@ -268,7 +268,8 @@ def test_a_runaway_chat_template_is_stopped(pair, tmp_path, monkeypatch):
 
     no_weight_loading(monkeypatch)
     monkeypatch.setattr(chat, "CHAT_TEMPLATE_SECONDS", 0.5)
-    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}{% endfor %}{% endfor %}"
+    loop = ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}"
+            "{% endfor %}{% endfor %}")
     target = with_chat_template(pair[0], tmp_path, loop)
     result = generate("hello", "--target", target, "--draft", pair[1])
     assert result.exit_code == 2, result.output

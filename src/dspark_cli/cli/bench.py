@@ -117,11 +117,12 @@ def markov(
 def _table(report, fmt: str, temperature: float) -> Table:
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(
-        title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} Vd={report.draft_vocab} "
-        f"r={report.rank} N={report.block} · {report.device_name}"),
+        title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} "
+                   f"Vd={report.draft_vocab} r={report.rank} N={report.block} · {report.device_name}"),
         caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
-        f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
-        + (" · * Triton kernel under the interpreter: tokens checked, not timed" if _interpreted(report) else "")),
+                     f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
+                     + (" · * Triton kernel under the interpreter: tokens checked, not timed"
+                        if _interpreted(report) else "")),
         title_justify="left",
         caption_justify="left",
         box=box.SIMPLE_HEAD,

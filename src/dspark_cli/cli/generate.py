@@ -75,7 +75,8 @@ class Settings:
 
 @render.handle_errors
 def generate(
-    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help="Prompt text (or use --prompts; the demo pair has defaults)."),
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help="Prompt text (or use --prompts; the demo "
+                                           "pair has defaults)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="File of prompts: .txt (one per line) or .jsonl "

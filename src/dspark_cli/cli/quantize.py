@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def quantize(
-    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder or a Hugging Face hub id."),
+    checkpoint: str = typer.Argument(
+        ..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder or a Hugging Face hub id."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (written atomically; must not exist)."),
     engine: Engine = typer.Option(
         Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
