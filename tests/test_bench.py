@@ -290,3 +290,16 @@ def test_a_seed_near_two_to_the_64_runs(tmp_path):
                                  "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0,1",
                                  "--reps", "1", "--warmup", "0", "--seed", str(2**64 - 1)])  # fmt: skip
     assert result.exit_code == 0, result.output
+
+
+def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec):
+    def poison(tensors):
+        w2 = tensors["markov_head.markov_w2.weight"].clone()
+        w2[3, 0] = float("nan")
+        return {**tensors, "markov_head.markov_w2.weight": w2}
+
+    draft = write_draft(tmp_path / "draft", spec, mutate=poison)
+    result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
+                                 "--batch", "1", "--topk", "8", "--reps", "1", "--warmup", "0"])  # fmt: skip
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "markov_w2 hold NaN or inf values" in " ".join(result.stderr.split())

@@ -310,6 +310,11 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
         d2t=None if loaded.d2t is None else loaded.d2t.detach(),
     )  # fmt: skip
     _check_shapes(config, weights.w1.shape[0], weights.w2.shape[0], weights.w1.shape[1], source=str(ckpt.source))
+    corrupt = [name for name, tensor in (("markov_w1", weights.w1), ("markov_w2", weights.w2))
+               if not torch.isfinite(tensor).all()]  # fmt: skip
+    if corrupt:
+        raise DsparkError(f"{ckpt.source}: {' and '.join(corrupt)} hold NaN or inf values, so every Markov score would "
+                          "be NaN and no method's tokens could be checked; fix or re-export the draft.")
     stored = "NVFP4" if weights.w2_nvfp4 is not None else str(weights.w2.dtype).removeprefix("torch.")
     return {fmt: _head_in_format(fmt, weights, config.dtype, f"{ckpt.source} (markov_w2 stored as {stored})")
             for fmt in config.formats}  # fmt: skip
