@@ -34,6 +34,9 @@ from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
 from dspark_cli.runtime.sampling import SamplingParams
 
 TokenCallback = Callable[[list[int]], None]
+# New positions the draft context reserves up front: a huge --max-new-tokens (generation may end at a stop token
+# long before) must not allocate its whole length at once.
+INITIAL_NEW_CAPACITY = 4096
 
 
 @dataclass
@@ -313,7 +316,8 @@ def speculative_generate(
     clock = _Clock(target.device)
     start = clock.last
 
-    anchor, context = prefill(target, draft, prompt, params, generator, len(prompt) + max_new_tokens + block_size + 2)
+    capacity = len(prompt) + min(max_new_tokens, INITIAL_NEW_CAPACITY) + block_size + 2  # grows by doubling beyond
+    anchor, context = prefill(target, draft, prompt, params, generator, capacity)
     tokens = [anchor]
     ttft_s = clock.lap()
     if on_tokens is not None:
