@@ -37,6 +37,9 @@ def _register() -> None:
 
     for module in (validate, quantize, generate, bench, train, serve):
         module.register(app)
+    typers = [app] + [group.typer_instance for group in app.registered_groups]
+    for command in (command for typer_app in typers for command in typer_app.registered_commands):
+        command.cls = render.Command
 
 
 _register()

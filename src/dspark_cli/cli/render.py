@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 from rich.markup import escape
 
 from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
@@ -26,6 +27,17 @@ class State:
 
 
 state = State()
+
+
+class Command(TyperCommand):
+    """Usage lines name a required argument plainly (`CHECKPOINT`), as click does, not `{CHECKPOINT}`."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+def _unbraced(piece: str) -> str:
+    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
 
 
 def handle_errors(command: Callable) -> Callable:

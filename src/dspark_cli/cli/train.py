@@ -100,8 +100,8 @@ def train(
     except (KeyboardInterrupt, Terminated) as stop:
         stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
         raise
-    render.console.print(f"draft written to [bold]{final}[/] (check it with `dspark validate {final} --target "
-                         f"{target}`)")
+    render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
+                                       f" (check it with `dspark validate {final} --target {target}`)"))
 
 
 def _run(target, data, out, shape, options, device, resume, chat_template, force) -> Path:
@@ -112,7 +112,7 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
         run = prepare_run(target, data, out, shape, options, device=device, resume=resume,
                           chat_template=chat_template, force=force)
     for note in run.notes:
-        render.console.print(f"[dim]{note}[/]")
+        render.console.print(Text(note, style="dim"))
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with ProgressWithStats(*columns, console=render.console) as progress:
         task = progress.add_task("train", total=steps, completed=run.trainer.step)

@@ -44,8 +44,11 @@ def validate(
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
+    from dspark_cli.runtime.paths import require_utf8_path
     from dspark_cli.runtime.rules import validate_checkpoint
 
+    if deep:  # only --deep opens tensors with the safetensors library; headers are read by dspark itself
+        require_utf8_path(checkpoint, "CHECKPOINT")
     try:
         ckpt = open_checkpoint(checkpoint, revision)
         target_config = read_target_config(target) if target else None
