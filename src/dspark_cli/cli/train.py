@@ -87,8 +87,10 @@ def train(
 
     from transformers.utils import logging as hf_logging
 
+    from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
     from dspark_cli.runtime import training_dist
     from dspark_cli.runtime.training import DraftShape, TrainOptions, resolve_device
+    from dspark_cli.runtime.training_dist import EXIT_CRASH, torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
@@ -101,8 +103,6 @@ def train(
     _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)
     dist = training_dist.context_from_env()
     if batch_size < dist.world_size:
-        from dspark_cli.errors import DsparkError
-
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
                           f"processes ({dist.world_size}).")
     if not dist.is_main:
@@ -114,6 +114,13 @@ def train(
         if dist.is_main:
             raise
         raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
+    except KeyboardInterrupt:
+        if dist.is_main:
+            raise
+        raise typer.Exit(EXIT_INTERRUPTED) from None  # rank 0 says it
+    except torch_distributed_error() as error:
+        raise DsparkError(f"{dist.name} lost contact with the other processes ({type(error).__name__}: {error}); "
+                          "one of them stopped or crashed (its error, if any, is above).", EXIT_CRASH) from error
     finally:
         training_dist.stop(dist)
 
@@ -122,12 +129,17 @@ def _train(target, data, out, shape, options, device, resume, chat_template, for
     import json
     from dataclasses import asdict
 
+    from dspark_cli.runtime import training_dist
     from dspark_cli.runtime.training import prepare_run, train_loop
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
                                                 chat_template=chat_template, force=force, dist=dist),
                             "loading the target, the data and the draft")
+    trainer = run.trainer
+    dist.same_everywhere(training_dist.run_fingerprint(trainer.stream.tokens, trainer.options,
+                                                       trainer.draft.config.raw, trainer.step),
+                         "training data, options and starting point")
     for note in run.notes:
         render.console.print(f"[dim]{note}[/]")
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())

@@ -405,7 +405,7 @@ class DraftTrainer:
     def __post_init__(self) -> None:
         self.target.eval().requires_grad_(False)
         self.draft.to(self.device).train()
-        self.model = self.dist.wrap(DraftStep(self.draft))  # DDP over many processes
+        self.model: torch.nn.Module = DraftStep(self.draft)  # under DDP from the first run_step on
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.draft), lr=self.options.lr, betas=(0.9, 0.95),
                                            weight_decay=self.options.weight_decay)
         self.generator = torch.Generator().manual_seed(self.options.seed)
@@ -451,6 +451,7 @@ class DraftTrainer:
             return self.batch_sums(tokens, self.draft.target_features(hidden_states).float(), logits.float(),
                                    anchors[rows])
 
+        self.model = self.dist.wrap(self.model)  # a collective, so outside the part that may fail on one rank
         return self.optimize(self.dist.together(local, f"step {self.step + 1}"))
 
     def optimize(self, sums: LossSums) -> LossTerms:

@@ -22,7 +22,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
+from dspark_cli.errors import DsparkError
 
 T = TypeVar("T")
 EXIT_CRASH = 1  # an unexpected exception on some rank
@@ -75,20 +75,21 @@ class DistContext:
 
     def together(self, work: Callable[[], T], what: str) -> T:
         """Run `work` on this rank, then agree with the others: if any rank failed, every rank raises (the failing
-        one its own error, named by rank; the others PeerFailed), so no rank waits in a later collective."""
+        one its own error, named by rank; the others PeerFailed), so no rank waits in a later collective.
+
+        Ctrl-C is not caught: it reaches every process of a terminal's job at once, each exits, and a collective
+        waiting on a process that exited fails (gloo) or is ended by torchrun."""
         try:
             result, error, code = work(), None, 0
         except DsparkError as failure:
             result, error, code = None, failure, failure.exit_code
-        except KeyboardInterrupt as failure:
-            result, error, code = None, failure, EXIT_INTERRUPTED
         except Exception as failure:  # noqa: BLE001 - reported to every rank, then re-raised with its cause
             result, error, code = None, failure, EXIT_CRASH
         if not self.enabled:
             if error is not None:
                 raise error
             return result
-        codes = torch.zeros(self.world_size, dtype=torch.int64)
+        codes = torch.zeros(self.world_size, dtype=torch.int64, device=_collective_device())
         codes[self.rank] = code
         torch.distributed.all_reduce(codes)
         failed = [rank for rank, value in enumerate(codes.tolist()) if value]
@@ -99,18 +100,34 @@ class DistContext:
                              "above).", int(codes[failed[0]]))
         return result
 
+    def same_everywhere(self, values: list[int], what: str) -> None:
+        """Refuse, on every rank, to go on when these integers are not the same on all ranks (a collective)."""
+        if not self.enabled:
+            return
+        low = torch.tensor(values, dtype=torch.int64, device=_collective_device())
+        high = low.clone()
+        torch.distributed.all_reduce(low, torch.distributed.ReduceOp.MIN)
+        torch.distributed.all_reduce(high, torch.distributed.ReduceOp.MAX)
+        if torch.equal(low, high):
+            return
+        message = (f"the {self.world_size} processes do not have the same {what}; every process must be started "
+                   "with the same options and read the same files.")
+        if self.is_main:
+            raise DsparkError(f"{self.name}: {message}")
+        raise PeerFailed(message)
+
     def _own_failure(self, error: BaseException, code: int, what: str) -> DsparkError:
         if isinstance(error, DsparkError):
             return DsparkError(f"{self.name}: {error.message}", code)
-        if isinstance(error, KeyboardInterrupt):
-            return DsparkError(f"{self.name}: interrupted during {what}.", code)
         return DsparkError(f"{self.name} failed during {what}: {type(error).__name__}: {error}", code)
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        """`module` under DistributedDataParallel (gradients averaged over ranks in backward), or as is."""
-        if not self.enabled:
-            return module
+        """`module` under DistributedDataParallel (gradients averaged over ranks in backward), or as is (one
+        process, or already wrapped). A collective: every rank must call it."""
         from torch.nn.parallel import DistributedDataParallel
+
+        if not self.enabled or isinstance(module, DistributedDataParallel):
+            return module
 
         # device_ids None: the module lives on one device and its inputs are already there. Parameters start
         # equal on every rank (same seed) and DDP broadcasts rank 0's at construction anyway.
@@ -118,6 +135,26 @@ class DistContext:
 
 
 SINGLE = DistContext()
+
+
+def _collective_device() -> torch.device:
+    """Where the small tensors of a collective live: the current GPU under NCCL, else the CPU."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def run_fingerprint(tokens: torch.Tensor, options: object, config: dict, step: int) -> list[int]:
+    """Integers that differ when two processes would not train the same way: the token stream (length and two
+    sums), the options, the draft's config and the step it starts from."""
+    import json
+    import zlib
+    from dataclasses import asdict
+
+    tokens = tokens.flatten().long()
+    weights = torch.arange(tokens.numel()) % 1009
+    settings = json.dumps([asdict(options), config], sort_keys=True, default=str).encode()
+    return [tokens.numel(), int(tokens.sum()), int((tokens * weights).sum()), zlib.crc32(settings), step]
 
 
 def context_from_env(environ=os.environ) -> DistContext:
@@ -151,6 +188,11 @@ def start(context: DistContext, device: torch.device, timeout_s: float) -> None:
     except (RuntimeError, ValueError) as error:
         raise DsparkError(f"{context.name}: cannot join the {backend} process group: {error}. Start the processes "
                           "with torchrun (MASTER_ADDR / MASTER_PORT must reach rank 0).") from error
+
+
+def torch_distributed_error() -> type[Exception]:
+    """The exception torch.distributed raises when a peer is gone or a collective times out."""
+    return torch.distributed.DistError
 
 
 def stop(context: DistContext) -> None:
