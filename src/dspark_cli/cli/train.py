@@ -90,7 +90,7 @@ def train(
     from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
     from dspark_cli.runtime import training_dist
     from dspark_cli.runtime.training import DraftShape, TrainOptions, resolve_device
-    from dspark_cli.runtime.training_dist import EXIT_CRASH, torch_distributed_error
+    from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
@@ -119,8 +119,7 @@ def train(
             raise
         raise typer.Exit(EXIT_INTERRUPTED) from None  # rank 0 says it
     except torch_distributed_error() as error:
-        raise DsparkError(f"{dist.name} lost contact with the other processes ({type(error).__name__}: {error}); "
-                          "one of them stopped or crashed (its error, if any, is above).", EXIT_CRASH) from error
+        raise training_dist.lost_contact(dist, error) from error
     finally:
         training_dist.stop(dist)
 

@@ -70,7 +70,7 @@ class DistContext:
         if not self.enabled:
             return tensor
         total = tensor.detach().clone()
-        torch.distributed.all_reduce(total)
+        self._all_reduce(total)
         return total
 
     def together(self, work: Callable[[], T], what: str) -> T:
@@ -91,7 +91,7 @@ class DistContext:
             return result
         codes = torch.zeros(self.world_size, dtype=torch.int64, device=_collective_device())
         codes[self.rank] = code
-        torch.distributed.all_reduce(codes)
+        self._all_reduce(codes)
         failed = [rank for rank, value in enumerate(codes.tolist()) if value]
         if error is not None:
             raise self._own_failure(error, code, what) from error
@@ -106,8 +106,8 @@ class DistContext:
             return
         low = torch.tensor(values, dtype=torch.int64, device=_collective_device())
         high = low.clone()
-        torch.distributed.all_reduce(low, torch.distributed.ReduceOp.MIN)
-        torch.distributed.all_reduce(high, torch.distributed.ReduceOp.MAX)
+        self._all_reduce(low, torch.distributed.ReduceOp.MIN)
+        self._all_reduce(high, torch.distributed.ReduceOp.MAX)
         if torch.equal(low, high):
             return
         message = (f"the {self.world_size} processes do not have the same {what}; every process must be started "
@@ -115,6 +115,13 @@ class DistContext:
         if self.is_main:
             raise DsparkError(f"{self.name}: {message}")
         raise PeerFailed(message)
+
+    def _all_reduce(self, tensor: torch.Tensor, op=None) -> None:
+        """all_reduce in place; a peer that is gone (or a timeout) becomes one sentence naming this rank."""
+        try:
+            torch.distributed.all_reduce(tensor, op or torch.distributed.ReduceOp.SUM)
+        except RuntimeError as error:  # gloo: RuntimeError; NCCL: DistBackendError (a RuntimeError)
+            raise lost_contact(self, error) from error
 
     def _own_failure(self, error: BaseException, code: int, what: str) -> DsparkError:
         if isinstance(error, DsparkError):
@@ -191,8 +198,15 @@ def start(context: DistContext, device: torch.device, timeout_s: float) -> None:
 
 
 def torch_distributed_error() -> type[Exception]:
-    """The exception torch.distributed raises when a peer is gone or a collective times out."""
+    """The exception torch.distributed raises when a peer is gone or a collective times out (NCCL; gloo raises a
+    plain RuntimeError, caught where dspark calls the collective itself)."""
     return torch.distributed.DistError
+
+
+def lost_contact(context: DistContext, error: BaseException) -> DsparkError:
+    first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return DsparkError(f"{context.name} lost contact with the other processes ({type(error).__name__}: "
+                       f"{first_line}); one of them stopped or crashed: its error, if any, is above.", EXIT_CRASH)
 
 
 def stop(context: DistContext) -> None:
