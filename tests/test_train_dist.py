@@ -177,3 +177,68 @@ def test_a_failure_on_rank_1_stops_both_ranks(tmp_path, tiny_pair):  # noqa: F81
                                      "files or folders with --data."], stderr1
     assert len(_error_lines(stderr0)) == 1 and "rank 0 of 2: stopped because rank 1 failed" in stderr0, stderr0
     assert "Traceback" not in stderr0 + stderr1
+
+
+AGREEMENT = """
+import json
+import torch
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.training_dist import PeerFailed, context_from_env, start, stop
+
+ctx = context_from_env()
+start(ctx, torch.device("cpu"), 30)
+
+
+def outcome(work):
+    try:
+        work()
+        return "ok"
+    except PeerFailed as error:
+        return f"peer {error.exit_code}: {error.message}"
+    except DsparkError as error:
+        return f"own {error.exit_code}: {error.message}"
+
+
+def fail_on_rank_1(error):
+    def work():
+        if ctx.rank == 1:
+            raise error
+    return work
+
+
+report = {"rows": {size: [ctx.rows(size).start, ctx.rows(size).stop] for size in range(2, 8)},
+          "sum": ctx.sum(torch.tensor([1.0 + ctx.rank])).item(),
+          "same": outcome(lambda: ctx.same_everywhere([5, 7], "x")),
+          "differ": outcome(lambda: ctx.same_everywhere([5, ctx.rank], "training data")),
+          "bad_input": outcome(lambda: ctx.together(fail_on_rank_1(DsparkError("row 7 is bad.")), "step 3")),
+          "crash": outcome(lambda: ctx.together(fail_on_rank_1(ValueError("boom")), "step 4")),
+          "after": ctx.sum(torch.ones(1)).item()}
+stop(ctx)
+print(json.dumps(report))
+"""
+
+
+def test_ranks_share_rows_and_agree_on_failures(tmp_path):
+    """The collective helpers on 2 gloo processes: the batch rows are shared without overlap or loss, differing
+    runs are refused, and a failure on rank 1 in the middle of training (a bad input, a crash) stops both ranks at
+    the same collective with the failing rank named and its exit code, after which collectives still line up."""
+    processes = _start_ranks([tmp_path, tmp_path], ["-c", AGREEMENT])
+    outputs = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+        assert process.returncode == 0, stderr
+        outputs.append(json.loads(stdout))
+    rank0, rank1 = outputs
+    for size in range(2, 8):
+        (a, b), (c, d) = rank0["rows"][str(size)], rank1["rows"][str(size)]
+        assert (a, b, c, d) == (0, size // 2, size // 2, size), size
+    assert rank0["sum"] == rank1["sum"] == 3.0 and rank0["after"] == rank1["after"] == 2.0
+    assert rank0["same"] == rank1["same"] == "ok"
+    assert rank0["differ"] == ("own 2: rank 0 of 2: the 2 processes do not have the same training data; every "
+                               "process must be started with the same options and read the same files.")
+    assert rank1["differ"].startswith("peer 2: ")
+    assert rank1["bad_input"] == "own 2: rank 1 of 2: row 7 is bad."
+    assert rank0["bad_input"] == ("peer 2: rank 0 of 2: stopped because rank 1 failed during step 3 (its error is "
+                                  "above).")
+    assert rank1["crash"] == "own 1: rank 1 of 2 failed during step 4: ValueError: boom"
+    assert rank0["crash"].startswith("peer 1: rank 0 of 2: stopped because rank 1 failed during step 4")
