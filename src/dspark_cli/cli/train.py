@@ -101,6 +101,8 @@ def train(
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)
+    if not dist_timeout > 0:
+        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = training_dist.context_from_env()
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
