@@ -187,11 +187,13 @@ def start(context: DistContext, device: torch.device, timeout_s: float) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = None
     if backend == "nccl":
         torch.cuda.set_device(context.local_rank)
+        device_id = torch.device("cuda", context.local_rank)  # binds the communicator to this rank's GPU
     try:
         dist.init_process_group(backend, rank=context.rank, world_size=context.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timedelta(seconds=timeout_s), device_id=device_id)
     except (RuntimeError, ValueError) as error:
         raise DsparkError(f"{context.name}: cannot join the {backend} process group: {error}. Start the processes "
                           "with torchrun (MASTER_ADDR / MASTER_PORT must reach rank 0).") from error
