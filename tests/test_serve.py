@@ -68,7 +68,8 @@ def test_block_size_defaults_to_the_trained_block_and_may_only_shrink(tmp_path, 
     result = invoke(target_dir, draft_dir, "--block-size", "5", "--dry-run")
     assert result.exit_code == 2 and "trained for (dspark); use 4 or less." in one_sentence(result.stderr)
     # DFlash layout (the anchor's slot predicts nothing): block_size 4 query slots draft 3 tokens
-    dflash_layout = write_draft(tmp_path / "dflash-layout", DraftSpec(sample_from_anchor=False))
+    dflash_layout = write_draft(tmp_path / "dflash-layout", DraftSpec(sample_from_anchor=False),
+                                edit={"dspark_bonus_anchor": True})  # the key vLLM's speculator reads (DSP033)
     assert dry_run(target_dir, dflash_layout)[1]["num_speculative_tokens"] == 3
     no_block = write_draft(tmp_path / "no-block", edit={"block_size": None})
     result = invoke(target_dir, no_block, "--dry-run")

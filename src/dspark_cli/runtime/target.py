@@ -29,6 +29,31 @@ from torch import nn
 from dspark_cli.errors import DsparkError
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _refuse_pickle_only(path: str | Path) -> None:
+    """A local model folder with pickle weights and no safetensors: one sentence, before anything is opened."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise DsparkError(f"the target {path} has only pickle weights ({pickles[0]}) and dspark loads safetensors "
+                          "only, because opening a pickle can run code; convert the weights to safetensors (e.g. "
+                          "save_pretrained in an environment you trust) and try again.")
+
+
+def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> None:
+    """transformers reports (and randomly initialises) weights the files lack; tied weights are not missing."""
+    if missing:
+        names = sorted(missing)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise DsparkError(f"the target {path} lacks {len(names)} weight tensor(s) its config needs ({shown}); "
+                          "transformers would fill them with random values, so its output would be noise. "
+                          "Download or save the complete model.")
+
+
 class TargetModel:
     """One sequence (batch 1) of a causal LM with a DynamicCache and hidden-state capture."""
 
@@ -51,14 +76,24 @@ class TargetModel:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> "TargetModel":
-        """AutoModelForCausalLM.from_pretrained (never trust_remote_code) on `device` in `dtype`."""
+        """AutoModelForCausalLM.from_pretrained on `device` in `dtype`: safetensors only (a pickle is never
+        opened: unpickling can run code), never trust_remote_code, and every weight must come from the files
+        (transformers would fill a missing one with random values and only log it)."""
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as transformers_logging
 
+        _refuse_pickle_only(path)
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()  # its load report would repeat the refusal below as a table
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+            model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False,
+                                                               use_safetensors=True, output_loading_info=True)
         except (OSError, ValueError, KeyError) as error:
             raise DsparkError(f"cannot load the target model {path}: {error}. Pass --target a Hugging Face causal "
                               "LM folder or hub id (config.json + safetensors).") from error
+        finally:
+            transformers_logging.set_verbosity(verbosity)
+        _refuse_missing_weights(path, info["missing_keys"])
         return cls(model.to(device), capture_indices)
 
     # --- geometry and shared weights -----------------------------------------------------------------------------
