@@ -1,7 +1,7 @@
 """DraftConfig: one typed view of a draft's config.json and the order in which vLLM resolves each key.
 
 This is the only place that knows config key names and their resolution order (dspark-format.md §1.1, §2.1).
-Parsing is lenient: a missing or mistyped key becomes None here and `rules.py` reports it; `require_runnable`
+Parsing is lenient: a missing or mistyped key becomes None here and `rules/` reports it; `require_runnable`
 turns the essentials into one clear error for commands that need a working draft.
 """
 

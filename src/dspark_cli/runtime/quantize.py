@@ -37,28 +37,28 @@ from dspark_cli.runtime.checkpoint import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
     INDEX_FILE,
+    QUANT_CONFIG_FILE,
     Checkpoint,
     TensorInfo,
     open_checkpoint,
     parse_json_text,
 )
 from dspark_cli.runtime.files import atomic_output_dir, check_writable_parent, refuse_input_overlap
+from dspark_cli.runtime.layout import (
+    MARKOV_W1,
+    MARKOV_W2,
+    MARKOV_W2_GLOBAL_SCALE,
+    MARKOV_W2_MODULE,
+    MARKOV_W2_SCALE,
+    MARLIN_K_MULTIPLE,
+    VLLM_MARKOV_W2_PREFIX,
+)
 from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
-MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
-MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
-MARKOV_W2_SCALE = f"{MARKOV_W2_MODULE}.weight_scale"
-MARKOV_W2_GLOBAL_SCALE = f"{MARKOV_W2_MODULE}.weight_scale_2"
-MARKOV_W1 = "markov_head.markov_w1.weight"
-# vLLM's Qwen3DSparkForCausalLM builds its backbone under prefix "model" and its loader prepends "model." to every
-# on-disk name except lm_head* and d2t, so the layer vLLM asks the quant config about is "model.markov_head.markov_w2".
-VLLM_MARKOV_W2_PREFIX = f"model.{MARKOV_W2_MODULE}"
-QUANT_CONFIG_FILE = "hf_quant_config.json"
 # vLLM recognises the legacy file by producer name "modelopt"; the version names the ModelOpt release whose
 # NVFP4QTensor.quantize both engines are bit-identical to.
 PRODUCER = {"name": "modelopt", "version": "0.47.0"}
 ENGINES = ("modelopt", "torch")
-MARLIN_K_MULTIPLE = 64  # vLLM's Marlin W4A16 kernel needs K = r to be a multiple of 64
 DEFAULT_SAMPLE_ROWS = 128  # ~0.3 s of CPU for Vd = 151936, r = 256; more rows: --sample-rows
 TOP_K_OVERLAP = 16
 _BIAS_CHUNK_ROWS = 64  # previous tokens per bias matmul: [64, Vd] fp32 is 39 MB for Vd = 151936
