@@ -221,7 +221,7 @@ def detect_format(raw: dict[str, Any]) -> str:
     if speculators in ("dspark", "dflash"):
         return f"speculators-{speculators}"
     archs = [a for a in _list(raw.get("architectures")) if isinstance(a, str)]
-    model_type = raw.get("model_type")
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
     if "Qwen3DSparkModel" in archs:
         return "deepspec"
     if "DSparkV41DraftModel" in archs or ("DSparkDraftModel" in archs and model_type in DEEPSEEK_V4_MODEL_TYPES):
