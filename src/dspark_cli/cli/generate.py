@@ -101,6 +101,9 @@ def generate(
     device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, "
                               "bfloat16 or float16."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: 1 for "
+                                          "models under 100 M parameters, whose small matmuls do not scale; else "
+                                          "every core)."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write every number to this JSON file ('-' = "
                                             "stdout; the streamed text then goes to stderr)."),
 ) -> None:
@@ -115,6 +118,7 @@ def generate(
     from dspark_cli.runtime.sampling import SamplingParams
     from dspark_cli.runtime.speculative import autoregressive_generate, check_pair, speculative_generate
     from dspark_cli.runtime.target import TargetModel
+    from dspark_cli.runtime.threads import set_threads
 
     out = render.err_console if json_path == "-" else render.console
     if (target is None) != (draft is None):
@@ -155,6 +159,7 @@ def generate(
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
         tokenizer = _tokenizer(target)
+        set_threads(threads, target_model.model, draft_model)
     if confidence_threshold is not None and draft_model.confidence_head is None:
         raise DsparkError(f"{draft} has no confidence head, so --confidence-threshold cannot be used.")
     try:
