@@ -35,7 +35,7 @@ def random_target(hidden: int, layers: int, intermediate: int, heads: int, kv_he
                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
                          vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
-    return TargetModel(Qwen3ForCausalLM(config).float())
+    return TargetModel(Qwen3ForCausalLM(config).float(), capture_indices=[1])  # verify captures, as in generation
 
 
 def main() -> None:

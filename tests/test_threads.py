@@ -13,6 +13,10 @@ def test_small_models_get_one_thread_large_ones_every_core():
     assert default_threads(SMALL_MODEL_PARAMETERS, 16) == 16
     assert default_threads(600_000_000, 2) == 2
     assert default_threads(600_000_000, None) == 1  # core count unknown
+    assert default_threads(600_000_000, 16, load=3.4) == 13  # the idle cores only
+    assert default_threads(600_000_000, 2, load=1.2) == 1 and default_threads(600_000_000, 2, load=0.3) == 2
+    assert default_threads(600_000_000, 2, load=9.0) == 1  # a busy machine: never below 1
+    assert default_threads(1_500_000, 16, load=0.0) == 1
 
 
 def test_shared_parameters_count_once():
@@ -24,6 +28,7 @@ def test_shared_parameters_count_once():
 def test_set_threads_applies_the_request_or_the_default(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr(threads_module, "_usable_cores", lambda: 3)
+    monkeypatch.setattr(threads_module, "_load", lambda: 0.0)
     monkeypatch.setattr(threads_module, "SMALL_MODEL_PARAMETERS", 50)
     small, large = nn.Linear(4, 4), nn.Linear(10, 10)  # 20 and 110 parameters
     try:

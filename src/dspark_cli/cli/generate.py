@@ -103,7 +103,7 @@ def generate(
                               "bfloat16 or float16."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: 1 for "
                                           "models under 100 M parameters, whose small matmuls do not scale; else "
-                                          "every core)."),
+                                          "the cores the load average shows idle)."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write every number to this JSON file ('-' = "
                                             "stdout; the streamed text then goes to stderr)."),
 ) -> None:
