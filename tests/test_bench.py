@@ -293,8 +293,9 @@ def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, 
 
     def fake_time_interleaved(fns, device, reps, warmup):
         calls.append(len(fns))
-        number = len(calls)  # a noisy timing, numbered by the call that produced it
-        return [Timing(median_us=number, p10_us=number, p90_us=2 * number, reps=reps, min_us=number) for _ in fns]
+        number = len(calls)  # a noisy timing (spread 100 %), its median numbered by the call that produced it
+        return [Timing(median_us=number, p10_us=index + 1, p90_us=2 * (index + 1), reps=reps, min_us=index + 1)
+                for index in range(len(fns))]  # fmt: skip
 
     monkeypatch.setattr(bench, "time_interleaved", fake_time_interleaved)
     out_json = tmp_path / "bench.json"
@@ -308,8 +309,12 @@ def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, 
         for batch in (1, 2):
             timed = [r for r in rows if (r["temperature"], r["batch"]) == (temperature, batch) and r["timing"]]
             assert {r["format"] for r in timed} == {"bf16", "nvfp4"}
-            assert len({r["timing"]["min_us"] for r in timed}) == 1  # all from the same interleaved call
-            assert len(timed) == calls[int(timed[0]["timing"]["min_us"]) - 1]
+            assert len({r["timing"]["median_us"] for r in timed}) == 1  # all from the same interleaved call
+            assert len(timed) == calls[int(timed[0]["timing"]["median_us"]) - 1]
+            for row in timed:  # speedups are ratios of the min times
+                if row["method"] != "select":
+                    dense = next(r for r in timed if r["method"] == "dense" and r["format"] == row["format"])
+                    assert row["speedup_vs_dense"] == dense["timing"]["min_us"] / row["timing"]["min_us"]
     assert [r["format"] for r in rows] == sorted((r["format"] for r in rows), key=("bf16", "nvfp4").index)
     assert all(r["timing"]["too_noisy"] and r["timing"]["spread"] == 1.0 for r in rows if r["timing"])
     assert "100% !" in result.output and "too noisy to compare" in result.output

@@ -17,7 +17,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark 
 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
-TABLE_WIDTH = 150  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
+TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
 
 
 class Device(str, Enum):
