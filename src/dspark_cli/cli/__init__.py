@@ -32,9 +32,9 @@ def _global_options(
 
 
 def _register() -> None:
-    from dspark_cli.cli import bench, generate, quantize, train, validate
+    from dspark_cli.cli import bench, eval, generate, quantize, train, validate
 
-    for module in (validate, quantize, generate, bench, train):
+    for module in (validate, quantize, generate, eval, bench, train):
         module.register(app)
 
 
