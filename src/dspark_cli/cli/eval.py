@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -69,7 +68,7 @@ def eval_command(
 
     out = render.console
     given = {name: value for name, value in ctx.params.items()
-             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}  # fmt: skip
+             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}  # fmt: skip
     old = ev.EvalRun.load(compare) if compare is not None else None
     if resume is not None:
         run = ev.EvalRun.load(resume)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -43,12 +43,14 @@ class PromptRun:
     finished_by_stop: bool
     baseline_tokens: list[int] | None = None
     first_divergence: int | None = None  # greedy only: first index where speculative != baseline
+    rounds: list[dict] = field(default_factory=list)  # metrics.RoundRecord fields, one per round
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"prompt": self.prompt, "prompt_tokens": self.prompt_tokens, "completion": self.completion,
                "new_tokens": len(self.tokens), "tokens": self.tokens, "finished_by_stop": self.finished_by_stop}  # fmt: skip
         if self.baseline_tokens is not None:
             doc.update(baseline_tokens=self.baseline_tokens, first_divergence=self.first_divergence)
+        doc["rounds"] = self.rounds
         return doc
 
 
@@ -195,7 +197,8 @@ def generate(
         stream = _Stream(tokenizer, out)
         result = run_speculative(ids, max_new_tokens, stream)
         stream.finish()
-        run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop)
+        run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop,
+                        rounds=[asdict(r) for r in result.stats.rounds])  # fmt: skip
         stats.append(result.stats)
         if baseline:
             with out.status("baseline (plain decoding)"):
@@ -209,7 +212,10 @@ def generate(
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:
-        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(),
+        from dspark_cli.runtime.evaluation import stats_tau_interval
+
+        tau = stats_tau_interval(stats)
+        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
                           "prompts": [run.to_dict() for run in runs]}, json_path)  # fmt: skip
 
 

@@ -46,16 +46,13 @@ def read_prompt_set(path: Path, limit: int | None = None, seed: int = 0) -> Prom
     string per line) or a .txt file (paragraphs separated by blank lines when it has any, else one per line).
     With `limit`, the first `limit` prompts after shuffling with random.Random(seed), as DeepSpec does."""
     path = Path(path)
+    if path.suffix not in (".jsonl", ".txt"):
+        raise DsparkError(f"{path}: use a .jsonl file (DeepSpec's eval_datasets layout) or a .txt file.")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DsparkError(f"cannot read the prompt set {path}: {error}.") from None
-    if path.suffix == ".jsonl":
-        prompts = _jsonl_prompts(path, text)
-    elif path.suffix == ".txt":
-        prompts = _txt_prompts(text)
-    else:
-        raise DsparkError(f"{path}: use a .jsonl file (DeepSpec's eval_datasets layout) or a .txt file.")
+    prompts = _jsonl_prompts(path, text) if path.suffix == ".jsonl" else _txt_prompts(text)
     if not prompts:
         raise DsparkError(f"{path} holds no prompts; give at least one.")
     if limit is not None and len(prompts) > limit:
@@ -331,6 +328,11 @@ def set_statistics(results: list[PromptResult], block_size: int, max_new_tokens:
         "calibration_per_position_mean": per_position_mean,
         "summary": summary,
     }
+
+
+def stats_tau_interval(stats: list[GenerationStats]) -> Interval:
+    """τ of prompts' GenerationStats with its bootstrap interval over prompts (for `dspark generate --json`)."""
+    return bootstrap_ratio([float(sum(r.emitted for r in s.rounds)) for s in stats], [float(len(s.rounds)) for s in stats])
 
 
 def tau_pairs(results: list[PromptResult]) -> tuple[list[float], list[float]]:
