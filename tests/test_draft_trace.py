@@ -85,8 +85,9 @@ def demo_trace() -> dict:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     accepted = []
     for prompt in TRACE_PROMPTS:
-        result = speculative_generate(target, draft, tokenizer(prompt)["input_ids"], SamplingParams(),
-                                      block_size=TRACE_BLOCK, max_new_tokens=TRACE_TOKENS, strategy="dense")  # fmt: skip
+        ids = tokenizer(prompt)["input_ids"]
+        result = speculative_generate(target, draft, ids, SamplingParams(), block_size=TRACE_BLOCK,
+                                      max_new_tokens=TRACE_TOKENS, strategy="dense")  # fmt: skip
         accepted.append([r.accepted for r in result.stats.rounds])
     return {"target_sha256": _digest(target_dir), "draft_sha256": _digest(draft_dir), "block_size": TRACE_BLOCK,
             "max_new_tokens": TRACE_TOKENS, "prompts": list(TRACE_PROMPTS), "accepted": accepted}  # fmt: skip

@@ -43,8 +43,8 @@ def eval_command(
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: trained)."),
     markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused."),
-    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only a "
-                                                         "prefix chosen by the confidence head (see --confidence-rule)."),
+    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only "
+                                                         "a prefix chosen by the confidence head (--confidence-rule)."),
     confidence_rule: str = typer.Option("survival", "--confidence-rule", help="survival: keep positions while "
                                         "prod(c_i) >= X (vLLM); per-slot: cut at the first c_j < X (DeepSpec)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly: tokens/s and speedup."),
@@ -246,7 +246,8 @@ def _compare(run, old, sets) -> dict:
     comparison = {}
     for prompt_set in sets:
         if prompt_set.name in by_name:
-            comparison[prompt_set.name] = ev.compare_tau(run.results_of(prompt_set), old.results_of(by_name[prompt_set.name]))
+            earlier = old.results_of(by_name[prompt_set.name])
+            comparison[prompt_set.name] = ev.compare_tau(run.results_of(prompt_set), earlier)
     everything = [r for s in sets for r in run.results_of(s)]
     before = [r for s in old.sets for r in old.results_of(s)]
     comparison["all"] = ev.compare_tau(everything, before)

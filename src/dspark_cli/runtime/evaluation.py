@@ -332,7 +332,8 @@ def set_statistics(results: list[PromptResult], block_size: int, max_new_tokens:
 
 def stats_tau_interval(stats: list[GenerationStats]) -> Interval:
     """τ of prompts' GenerationStats with its bootstrap interval over prompts (for `dspark generate --json`)."""
-    return bootstrap_ratio([float(sum(r.emitted for r in s.rounds)) for s in stats], [float(len(s.rounds)) for s in stats])
+    emitted = [float(sum(r.emitted for r in s.rounds)) for s in stats]
+    return bootstrap_ratio(emitted, [float(len(s.rounds)) for s in stats])
 
 
 def tau_pairs(results: list[PromptResult]) -> tuple[list[float], list[float]]:
