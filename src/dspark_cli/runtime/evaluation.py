@@ -170,13 +170,17 @@ class EvalRun:
         doc = {"format": RUN_FORMAT, "settings": self.settings, "sets": [asdict(s) for s in self.sets]}
         if statistics is not None:
             doc["statistics"] = statistics
-        doc["results"] = [asdict(r) for r in self.results]
+        doc["results"] = [vars(r) for r in self.results]  # JSON-ready fields; asdict would deep-copy every round
         return doc
 
     def save(self, path: Path, statistics: dict | None = None) -> None:
         from dspark_cli.runtime.files import atomic_write_text
 
-        atomic_write_text(Path(path), json.dumps(self.to_dict(statistics), indent=1) + "\n")
+        doc = self.to_dict(statistics)
+        results = doc.pop("results")
+        head = json.dumps(doc, separators=(",", ":"))[:-1]  # one result per line; the C encoder (no indent) is fast
+        body = ",\n".join(json.dumps(result, separators=(",", ":")) for result in results)
+        atomic_write_text(Path(path), f'{head},\n"results":[\n{body}\n]}}\n')
 
     @classmethod
     def load(cls, path: Path) -> "EvalRun":
