@@ -288,7 +288,8 @@ def test_generate_json_carries_rounds_and_the_tau_interval(tmp_path):
     result = runner.invoke(app, ["generate", "--max-new-tokens", "16", "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
-    rounds = [r for p in doc["prompts"] for r in p["rounds"]]
+    assert len(doc["rounds"]) == len(doc["prompts"])  # one list of round records per prompt
+    rounds = [r for prompt_rounds in doc["rounds"] for r in prompt_rounds]
     assert len(rounds) == doc["summary"]["rounds"] and {"accepted", "confidences", "verify"} <= set(rounds[0])
     low, high = doc["tau_ci"]
     assert low <= doc["summary"]["tau"] <= high

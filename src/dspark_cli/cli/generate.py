@@ -43,14 +43,12 @@ class PromptRun:
     finished_by_stop: bool
     baseline_tokens: list[int] | None = None
     first_divergence: int | None = None  # greedy only: first index where speculative != baseline
-    rounds: list[dict] = field(default_factory=list)  # metrics.RoundRecord fields, one per round
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"prompt": self.prompt, "prompt_tokens": self.prompt_tokens, "completion": self.completion,
                "new_tokens": len(self.tokens), "tokens": self.tokens, "finished_by_stop": self.finished_by_stop}  # fmt: skip
         if self.baseline_tokens is not None:
             doc.update(baseline_tokens=self.baseline_tokens, first_divergence=self.first_divergence)
-        doc["rounds"] = self.rounds
         return doc
 
 
@@ -197,8 +195,7 @@ def generate(
         stream = _Stream(tokenizer, out)
         result = run_speculative(ids, max_new_tokens, stream)
         stream.finish()
-        run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop,
-                        rounds=[asdict(r) for r in result.stats.rounds])  # fmt: skip
+        run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop)
         stats.append(result.stats)
         if baseline:
             with out.status("baseline (plain decoding)"):
@@ -216,7 +213,8 @@ def generate(
 
         tau = stats_tau_interval(stats)
         render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
-                          "prompts": [run.to_dict() for run in runs]}, json_path)  # fmt: skip
+                          "prompts": [run.to_dict() for run in runs],
+                          "rounds": [[asdict(r) for r in s.rounds] for s in stats]}, json_path)  # fmt: skip
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------
