@@ -22,7 +22,6 @@ from ckpt_factory import DraftSpec, write_draft
 from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.demo import DEMO_DIR, DEMO_PROMPTS
 from dspark_cli.runtime.draft import DSparkDraft
-from dspark_cli.runtime.markov import MarkovWeights
 from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block, speculative_generate
 from dspark_cli.runtime.target import TargetModel

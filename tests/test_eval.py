@@ -160,8 +160,11 @@ def demo_models():
     from dspark_cli.runtime.target import TargetModel
     from transformers import AutoTokenizer
 
+    from dspark_cli.runtime.config import DraftConfig
+
     target_dir, draft_dir = demo_pair()
-    target = TargetModel.load(target_dir, [1, 2], dtype=torch.float32)
+    indices = DraftConfig.from_dict(json.loads((draft_dir / "config.json").read_text())).hidden_state_indices
+    target = TargetModel.load(target_dir, indices, dtype=torch.float32)
     draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
                                         target_lm_head=target.lm_head_weight)  # fmt: skip
     return target, draft, AutoTokenizer.from_pretrained(target_dir)
