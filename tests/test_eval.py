@@ -251,7 +251,7 @@ def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
     monkeypatch.setattr(ev.EvalRun, "save", save)
     result = eval_cli("--data", str(ev.SHIPPED_SETS[1]), "--limit", "3", "--max-new-tokens", "8", "--json",
                       str(run_file))  # fmt: skip
-    assert result.exit_code == 130 and calls == [1, 2]
+    assert result.exit_code == 130 and calls == [1, 2] and "--resume" in result.output
     assert len(json.loads(run_file.read_text())["results"]) == 2  # nothing finished was lost
 
 

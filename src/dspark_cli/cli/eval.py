@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dspark_cli.cli import render
+from dspark_cli.errors import EXIT_INTERRUPTED
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
@@ -111,18 +112,14 @@ def eval_command(
         if json_path is not None:
             run.save(json_path)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=out, transient=False) as progress:  # fmt: skip
-        for prompt_set in sets:
-            remaining = len(prompt_set.prompts) - len(run.results_of(prompt_set))
-            task = progress.add_task(prompt_set.name, total=len(prompt_set.prompts),
-                                     completed=len(prompt_set.prompts) - remaining)  # fmt: skip
-
-            def done(result, task=task) -> None:
-                save(result)
-                progress.advance(task)
-
-            ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: session(name, i, text), done)
+    try:
+        _run_sets(run, sets, session, save, out)
+    except KeyboardInterrupt:
+        if json_path is None:
+            raise
+        render.err_console.print(f"[yellow]interrupted[/]: the {len(run.results)} finished prompts are saved in "
+                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")  # fmt: skip
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
     everything = [r for s in sets for r in run.results_of(s)]
@@ -143,6 +140,23 @@ def eval_command(
         from dspark_cli.runtime.files import atomic_write_text
 
         atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings))
+
+
+def _run_sets(run, sets, session, save, out: Console) -> None:
+    """Run the missing prompts of every set, one progress bar per set, saving after each prompt."""
+    from dspark_cli.runtime import evaluation as ev
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as progress:  # fmt: skip
+        for prompt_set in sets:
+            finished = len(run.results_of(prompt_set))
+            task = progress.add_task(prompt_set.name, total=len(prompt_set.prompts), completed=finished)
+
+            def done(result, task=task) -> None:
+                save(result)
+                progress.advance(task)
+
+            ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: session(name, i, text), done)
 
 
 def _duplicate(names: list[str]) -> str:
