@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from dspark_cli.runtime import evaluation as ev  # noqa: E402
+from dspark_cli.runtime.chat import encode_prompt  # noqa: E402
 from dspark_cli.runtime.config import DraftConfig  # noqa: E402
 from dspark_cli.runtime.demo import demo_pair  # noqa: E402
 from dspark_cli.runtime.draft import DSparkDraft  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> None:
 
     def generate(prompt: str, seed: int):
         start = time.perf_counter()
-        ids = ev.encode_prompt(tokenizer, prompt, chat=False, thinking=False)
+        ids = encode_prompt(tokenizer, prompt, chat=False, source=str(target_dir))
         generator = torch.Generator(device=device).manual_seed(seed)
         result = speculative_generate(target, draft, ids, params, block_size=7, max_new_tokens=args.max_new_tokens,
                                       length_rule="deepspec", generator=generator)  # fmt: skip

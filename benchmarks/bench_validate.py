@@ -13,6 +13,12 @@ Rows (medians of --runs):
   - CLI: `dspark validate DIR --json` as a subprocess (interpreter start + imports + validation);
   - baseline CLI: a bare `python -c pass`, and `dspark --help`.
 Target: the CLI well under 1 s, because no tensor data is read.
+
+    .venv/bin/python benchmarks/bench_validate.py --hostile-headers
+
+instead times `dspark validate` (subprocess, report and --json) on the same draft, unsharded, plus one extra shard of
+tiny unknown tensors: just under the tensor cap (MAX_TENSORS - 100 entries; one DSP205 finding each) and far above it
+(1.2 M entries in a 96 MB header, refused while the header streams in). Peak memory is the child's max RSS.
 """
 
 from __future__ import annotations
@@ -147,12 +153,66 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+def run_measured(args: list[str]) -> tuple[int, float, int]:
+    """(exit code, wall seconds, max RSS in KiB) of one child run, its output discarded."""
+    started = time.perf_counter()
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode, time.perf_counter() - started, usage.ru_maxrss
+
+
+def write_hostile_draft(folder: Path, entries: int) -> int:
+    """The bench draft in one unindexed sparse shard plus a shard of `entries` 1-byte tensors; header bytes."""
+    fabricate(folder, 1)
+    (folder / "model.safetensors.index.json").unlink()  # without an index every *.safetensors file is read
+    parts = ",".join(f'"extra.{i}.weight":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}'
+                     for i in range(entries))  # fmt: skip
+    raw = ("{" + parts + "}").encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model-extra.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)) + raw)
+        handle.truncate(8 + len(raw) + entries)
+    return len(raw)
+
+
+def hostile_headers(runs: int) -> None:
+    from dspark_cli.runtime.checkpoint import MAX_TENSORS
+
+    dspark = shutil.which("dspark", path=str(Path(sys.executable).parent)) or "dspark"
+    root = Path(tempfile.mkdtemp(prefix="dspark-bench-hostile-"))
+    try:
+        print(f"median of {runs} runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}); "
+              f"MAX_TENSORS {MAX_TENSORS}")
+        for entries in (MAX_TENSORS - 100, 1_200_000):
+            folder = root / f"e{entries}"
+            # written by a child process, so that this one stays small (children fork from it: max RSS)
+            code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); from pathlib import Path; "
+                    f"import bench_validate as b; print(b.write_hostile_draft(Path({str(folder)!r}), {entries}))")
+            header = int(run_cli([sys.executable, "-c", code]).stdout)
+            for extra in ([], ["--json"]):
+                args = [dspark, "validate", str(folder), *extra]
+                measured = [run_measured(args) for _ in range(runs)]
+                code, wall, rss = (statistics.median(column) for column in zip(*measured))
+                command = " ".join(["validate", *extra])
+                print(f"  {entries:>9,} extra tensors, {header / 1e6:5.1f} MB header, {command:<16} exit {code:.0f}: "
+                      f"{wall:5.2f} s wall, {rss / 1024:4.0f} MB max RSS")
+            shutil.rmtree(folder)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--keep", type=Path, help="write the checkpoint here and keep it")
+    parser.add_argument("--hostile-headers", action="store_true", help="time validate on huge headers instead")
     args = parser.parse_args()
+    if args.hostile_headers:
+        hostile_headers(min(args.runs, 3))
+        return
 
     from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
     from dspark_cli.runtime.rules import validate_checkpoint

@@ -2,15 +2,21 @@
 interpreter), the token check catches wrong walks, and the command runs end to end with --json and --plot."""
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
 from ckpt_factory import write_draft
 from typer.testing import CliRunner
 
+import dspark_cli
 from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
 from dspark_cli.kernels.markov import (
     gathered_bias_reference,
     markov_walk_reference,
@@ -218,6 +224,14 @@ def test_bench_command_from_a_checkpoint(tmp_path, spec):
         (["--vocab", "64", "--rank", "16", "--format", "fp8"], "--format takes"),
         (["--vocab", "64", "--rank", "16", "--batch", "0,2"], "--batch takes positive integers"),
         (["--vocab", "64", "--rank", "16", "--temperature", "-1"], "--temperature takes"),
+        (["--vocab", "64", "--rank", "16", "--temperature", "nan"], "--temperature takes finite numbers"),
+        (["--vocab", "64", "--rank", "16", "--temperature", "0,inf"], "--temperature takes finite numbers"),
+        (["--vocab", "64", "--rank", "16", "--peak-gbps", "inf"], "--peak-gbps must be a finite number"),
+        (["--vocab", "64", "--rank", "16", "--seed", str(2**64)], "--seed"),
+        (["--vocab", "64", "--rank", "16", "--seed", "-1"], "--seed"),
+        (["--vocab", "10000000000", "--rank", "16"], "GiB of Markov weights for V=10000000000"),
+        (["--batch", "100000"], "of logit rows for batch 100000 x block 7"),
+        (["--vocab", "64", "--rank", "16", "--topk", "8", "--block", "1000000000"], "x block 1000000000"),
     ],
 )
 def test_bad_options_are_one_sentence_and_exit_2(args, message):
@@ -242,3 +256,50 @@ def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_pat
             assert not row["tokens"]["ok"] and row["timing"] is None
         elif row["method"] != "select":
             assert row["tokens"]["ok"] and (row["timing"] is not None or row["mode"] == "interpreter")
+
+
+def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
+    """The README example in a new process: torch imports triton (from torch._dynamo, while the draft is
+    built) before dspark's kernels are imported, so the interpreter must be chosen before that import."""
+    draft = write_draft(tmp_path / "draft", spec)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(Path(dspark_cli.__file__).parents[1]), HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-m", "dspark_cli", "bench", "markov", "--draft", str(draft), "--device",
+                             "cpu", "--block", "2", "--batch", "1", "--topk", "8", "--temperature", "0", "--reps",
+                             "1", "--warmup", "0", "--format", "bf16"], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 fused walk" in result.stdout and "kernel*" in result.stdout
+
+
+def test_the_memory_check_compares_the_estimate_with_the_free_memory(monkeypatch):
+    from dspark_cli.runtime import bench
+
+    config = BenchConfig(batches=(1, 8), block=7, formats=("bf16",))
+    weights, inputs = bench.memory_needed(config, 1000, 500, 64)
+    assert weights == (1000 + 500) * 64 * 6 + 500 * 64 * 6 and inputs == 8 * 7 * 500 * bench.INPUT_BYTES_PER_LOGIT
+    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs)
+    bench.random_heads(config, 1000, 500, 64)  # fits exactly
+    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs - 1)
+    with pytest.raises(DsparkError, match="needs about"):
+        bench.random_heads(config, 1000, 500, 64)
+
+
+def test_a_seed_near_two_to_the_64_runs(tmp_path):
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block",
+                                 "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0,1",
+                                 "--reps", "1", "--warmup", "0", "--seed", str(2**64 - 1)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec):
+    def poison(tensors):
+        w2 = tensors["markov_head.markov_w2.weight"].clone()
+        w2[3, 0] = float("nan")
+        return {**tensors, "markov_head.markov_w2.weight": w2}
+
+    draft = write_draft(tmp_path / "draft", spec, mutate=poison)
+    result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
+                                 "--batch", "1", "--topk", "8", "--reps", "1", "--warmup", "0"])  # fmt: skip
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "markov_w2 hold NaN or inf values" in " ".join(result.stderr.split())

@@ -150,3 +150,242 @@ def test_gap_or_trailing_bytes_in_data_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="after its last tensor") as error:
         open_checkpoint(tmp_path)
     assert error.value.code == "DSP513"
+
+
+# --- which files a checkpoint has: relative paths only, regular files only (issue 10 §2, §3) ---------------------
+
+
+def test_a_checkpoint_under_a_dot_cache_folder_lists_every_file(tmp_path, spec):
+    path = write_draft(tmp_path / ".cache" / "models" / "draft", spec, shards=2)
+    (path / "training_args.bin").write_bytes(b"pickle")
+    ckpt = open_checkpoint(path)
+    assert len(ckpt.shards) == 2 and "config.json" in ckpt.files and ckpt.pickle_files == ["training_args.bin"]
+
+
+def test_weights_of_any_name_are_found_under_a_dot_cache_folder(tmp_path, spec):
+    path = write_draft(tmp_path / ".cache" / "draft", spec)
+    (path / "model.safetensors").rename(path / "weights.safetensors")
+    assert list(open_checkpoint(path).shards) == ["weights.safetensors"]
+
+
+def test_local_dir_metadata_and_git_folders_inside_the_checkpoint_are_skipped(tmp_path, spec):
+    path = write_draft(tmp_path / "d", spec)
+    for folder in (".cache/huggingface/download", ".git/lfs"):
+        (path / folder).mkdir(parents=True)
+        (path / folder / "model.safetensors.metadata").write_text("x")
+    (path / "sub" / ".cache").mkdir(parents=True)
+    (path / "sub" / "notes.md").write_text("kept")
+    (path / "sub" / ".cache" / "x").write_text("skipped")
+    assert open_checkpoint(path).files == ["config.json", "model.safetensors", "sub/notes.md"]
+
+
+def test_only_regular_files_inside_the_checkpoint_are_listed(tmp_path, spec):
+    import os
+
+    path = write_draft(tmp_path / "d", spec)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not part of the draft")
+    (path / "README.md").write_text("readme")
+    (path / "alias.md").symlink_to("README.md")  # inside: kept
+    (path / "leak.md").symlink_to(outside)  # outside: dropped
+    (path / "zero.bin").symlink_to("/dev/zero")
+    (path / "dangling.md").symlink_to(tmp_path / "nowhere")
+    (path / "loop.md").symlink_to(path / "loop.md")
+    os.mkfifo(path / "pipe.json")
+    (path / "linked_folder").symlink_to(tmp_path, target_is_directory=True)  # not entered
+    assert open_checkpoint(path).files == ["README.md", "alias.md", "config.json", "model.safetensors"]
+
+
+def test_hub_snapshot_links_must_point_into_their_own_repos_blobs(tmp_path, spec):
+    repo = tmp_path / "hub" / "models--org--draft"
+    snapshot = repo / "snapshots" / "abc"
+    source = write_draft(tmp_path / "src", spec)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (source / name).rename(repo / "blobs" / name.upper())
+        (snapshot / name).symlink_to(f"../../blobs/{name.upper()}")
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    (other / "NOTES").write_text("another repo's blob")
+    (snapshot / "notes.md").symlink_to("../../../models--org--other/blobs/NOTES")
+    assert open_checkpoint(snapshot).files == ["config.json", "model.safetensors"]
+
+
+# --- hostile files: never block, bounded reads, one sentence (issue 10 §3) -----------------------------------------
+
+
+@pytest.fixture
+def no_hang():
+    """Fail (instead of hanging the suite) if the test blocks for 10 s, e.g. on a FIFO."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("blocked for 10 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "model.safetensors.index.json",
+                                  "hf_quant_config.json"])  # fmt: skip
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused(tmp_path, spec, no_hang, name, kind):
+    import os
+    import shutil
+
+    path = write_draft(tmp_path / "d", spec)
+    if name == "model.safetensors.index.json":
+        (path / "model.safetensors").rename(path / "model-00001-of-00001.safetensors")
+    victim = path / name
+    if victim.exists():
+        victim.unlink()
+    {"fifo": lambda: os.mkfifo(victim), "dev-zero": lambda: victim.symlink_to("/dev/zero"),
+     "folder": lambda: victim.mkdir()}[kind]()  # fmt: skip
+    with pytest.raises(CheckpointError, match="not a regular file|not one of the checkpoint's files") as error:
+        open_checkpoint(path)
+    assert error.value.code == "DSP501" and str(victim) in error.value.message
+    shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_target_config_that_is_not_a_regular_file_is_refused(tmp_path, no_hang, kind):
+    import os
+
+    (tmp_path / "t").mkdir()
+    config = tmp_path / "t" / "config.json"
+    os.mkfifo(config) if kind == "fifo" else config.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        read_target_config(tmp_path / "t")
+
+
+def test_a_json_file_over_the_size_cap_is_refused_unread(tmp_path, spec):
+    from dspark_cli.runtime.checkpoint import MAX_JSON_BYTES
+
+    path = write_draft(tmp_path / "d", spec)
+    with open(path / "config.json", "r+b") as handle:
+        handle.truncate(MAX_JSON_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(CheckpointError, match=f"{MAX_JSON_BYTES + 1} bytes, more than the {MAX_JSON_BYTES}-byte"):
+        open_checkpoint(path)
+
+
+def test_a_link_leading_outside_the_checkpoint_is_not_read(tmp_path, spec):
+    path = write_draft(tmp_path / "d", spec)
+    (path / "config.json").rename(tmp_path / "config.json")
+    (path / "config.json").symlink_to(tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match="not one of the checkpoint's files"):
+        open_checkpoint(path)
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("document", [_deep(100_000), _deep(101), '{"a": ' * 101 + "1" + "}" * 101],
+                         ids=["200KB", "101-arrays", "101-objects"])  # fmt: skip
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json", "hf_quant_config.json"])
+def test_deeply_nested_json_is_one_sentence(tmp_path, spec, name, document):
+    path = write_draft(tmp_path / "d", spec)
+    (path / name).write_text(document)
+    with pytest.raises(CheckpointError, match="more than 100 levels deep") as error:
+        open_checkpoint(path)
+    assert error.value.code == "DSP502"
+
+
+def test_json_at_the_nesting_limit_and_huge_integers(tmp_path, spec):
+    from dspark_cli.runtime.checkpoint import parse_json_text
+
+    document = parse_json_text(_deep(100), "x")  # exactly at the limit: read
+    for _ in range(99):
+        (document,) = document
+    assert document == []
+    with pytest.raises(CheckpointError, match="x is not valid JSON .*digits"):
+        parse_json_text("1" * 5000, "x")
+    with pytest.raises(CheckpointError, match="x is not valid JSON"):
+        parse_json_text(b"\xff{}", "x")
+
+
+def _raw_shard(path, header_bytes: bytes, data: bytes = b"") -> None:
+    path.write_bytes(struct.pack("<Q", len(header_bytes)) + header_bytes + data)
+
+
+def test_deeply_nested_safetensors_header_is_one_sentence(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    _raw_shard(tmp_path / "model.safetensors", _deep(100_000).encode())
+    with pytest.raises(CheckpointError, match="header nests JSON") as error:
+        open_checkpoint(tmp_path)
+    assert error.value.code == "DSP503"
+
+
+def test_header_length_limit_is_the_safetensors_librarys(tmp_path):
+    """Over 100,000,000 bytes (safetensors' MAX_HEADER_SIZE) is refused before reading, as the library does."""
+    from safetensors import safe_open
+
+    from dspark_cli.runtime.checkpoint import MAX_HEADER_BYTES
+
+    assert MAX_HEADER_BYTES == 100_000_000
+    (tmp_path / "config.json").write_text("{}")
+    shard = tmp_path / "model.safetensors"
+    with open(shard, "wb") as handle:
+        handle.write(struct.pack("<Q", MAX_HEADER_BYTES + 1))
+        handle.truncate(8 + MAX_HEADER_BYTES + 1 + 64)  # sparse
+    with pytest.raises(CheckpointError, match="more than the 100000000 bytes the safetensors library accepts"):
+        open_checkpoint(tmp_path)
+    with pytest.raises(Exception, match="(?i)header ?too ?large"):
+        safe_open(str(shard), framework="pt")
+
+
+def test_tensor_count_is_capped_per_file_and_per_checkpoint(tmp_path, spec, monkeypatch):
+    from dspark_cli.runtime import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20)
+    (tmp_path / "many").mkdir()
+    (tmp_path / "many" / "config.json").write_text("{}")
+    header = {f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(21)}
+    _raw_shard(tmp_path / "many" / "model.safetensors", json.dumps(header).encode(), bytes(21))
+    with pytest.raises(CheckpointError, match="model.safetensors declares 21 or more tensors, more than the 20"):
+        open_checkpoint(tmp_path / "many")
+    monkeypatch.setattr(json, "loads", None)  # the count is made before the header is parsed
+    with pytest.raises(CheckpointError, match="model.safetensors declares 21 or more tensors, more than the 20"):
+        checkpoint.read_safetensors_header(tmp_path / "many" / "model.safetensors")
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20)
+    sharded = write_draft(tmp_path / "sharded", spec, shards=2)  # 31 tensors, 15 and 16 per shard
+    with pytest.raises(CheckpointError, match="sharded declares 31 or more tensors, more than the 20"):
+        open_checkpoint(sharded)
+
+
+@pytest.mark.parametrize("reader", ["prompts", "training"])
+def test_deeply_nested_jsonl_lines_are_one_sentence(tmp_path, reader):
+    from dspark_cli.cli.generate import read_prompts
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.training_data import read_documents
+
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "fine", "prompt": "fine"}\n' + _deep(100_000) + "\n")
+    read = (lambda: read_prompts(path)) if reader == "prompts" else (lambda: read_documents([path]))
+    with pytest.raises(DsparkError, match=r"data.jsonl.*2 nests JSON objects or arrays more than 100 levels deep"):
+        read()
+
+
+def test_tensor_count_is_exact_across_read_chunks(tmp_path, monkeypatch):
+    """The streaming count reads 1 MiB at a time; 20,000 entries span two chunks and must count 20,000 exactly."""
+    from dspark_cli.runtime import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20_000)
+    for count in (20_000, 20_001):
+        header = {f"tensor.{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(count)}
+        raw = json.dumps(header).encode()
+        before_boundary = raw.rfind(b'"data_offsets"', 0, (1 << 20) - 7)
+        raw = b"{" + b" " * ((1 << 20) - 7 - before_boundary) + raw[1:]  # one key straddles the chunk boundary
+        assert raw.find(b'"data_offsets"', (1 << 20) - 7) == (1 << 20) - 7
+        _raw_shard(tmp_path / "model.safetensors", raw, bytes(count))
+        if count == 20_000:
+            assert len(checkpoint.read_safetensors_header(tmp_path / "model.safetensors")) == 20_000
+        else:
+            monkeypatch.setattr(json, "loads", None)  # refused by the streaming count, before any parsing
+            with pytest.raises(CheckpointError, match="declares 20001 or more tensors"):
+                checkpoint.read_safetensors_header(tmp_path / "model.safetensors")

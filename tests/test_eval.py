@@ -296,3 +296,24 @@ def test_generate_json_carries_rounds_and_the_tau_interval(tmp_path):
     assert len(rounds) == doc["summary"]["rounds"] and {"accepted", "confidences", "verify"} <= set(rounds[0])
     low, high = doc["tau_ci"]
     assert low <= doc["summary"]["tau"] <= high
+
+
+def test_thinking_reaches_the_chat_template_only_when_asked():
+    from dspark_cli.runtime import chat
+
+    class Template:
+        def __init__(self):
+            self.options = []
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt, **options):
+            self.options.append(options)
+            return messages[0]["content"]
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    tokenizer = Template()
+    chat.encode_prompt(tokenizer, "hi", True, "T", thinking=False)
+    chat.encode_prompt(tokenizer, "hi", True, "T", thinking=True)
+    chat.encode_prompt(tokenizer, "hi", True, "T")  # dspark generate: the template's own default
+    assert tokenizer.options == [{"enable_thinking": False}, {"enable_thinking": True}, {}]

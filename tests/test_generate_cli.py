@@ -116,6 +116,17 @@ def test_no_prompt_with_an_explicit_pair_is_refused(pair):
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--chat"], "has no chat template"),
         (["--dtype", "int8"], "--dtype must be"),
+        (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "-0.5"], "--temperature"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top-p", "nan"], "top_p must be in (0, 1]"),
+        (["--seed", str(2**64)], "--seed"),
+        (["--seed", "-1"], "--seed"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--block-size", "0"], "--block-size must be at least 1"),
+        (["--draft-topk", "0"], "--draft-topk must be between 1 and"),
+        (["--confidence-threshold", "nan"], "--confidence-threshold must be in (0, 1]"),
     ],
 )
 def test_bad_options_are_one_clear_sentence(pair, args, message):
@@ -152,3 +163,151 @@ def test_incompatible_target_is_refused_before_loading(pair, tmp_path):
     write_target_config(other, SPEC, hidden_size=32)  # config.json only: no weights to load
     result = generate("hello", "--target", str(other), "--draft", pair[1])
     assert result.exit_code == 2 and "DSP024" in result.output
+
+
+def copy_draft_with(draft: str, root, **values: float):
+    """A copy of `draft` whose tensors named in `values` (dots as __) are filled with that value."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = root / "draft-copy"
+    shutil.copytree(draft, copy)
+    tensors = load_file(str(copy / "model.safetensors"))
+    for name, value in values.items():
+        tensors[name.replace("__", ".")].fill_(value)
+    save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return str(copy)
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_a_draft_with_nan_weights_is_reported_and_the_json_is_kept(pair, tmp_path, temperature):
+    target, draft = pair
+    broken = copy_draft_with(draft, tmp_path, confidence_head__proj__weight=float("nan"),
+                             markov_head__markov_w2__weight=float("inf"))  # fmt: skip
+    out = tmp_path / "run.json"
+    result = generate("hello", "--target", target, "--draft", broken, "--max-new-tokens", "12", "--temperature",
+                      temperature, "--json", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "has NaN or inf values in 2 weight tensor(s)" in text and "markov_head.markov_w2.weight" in text
+    assert "confidence calibration unavailable" in text
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["calibration"] is None and "not probabilities" in doc["summary"]["calibration_unavailable"]
+    assert len(doc["prompts"][0]["tokens"]) == 12
+
+
+def no_weight_loading(monkeypatch):
+    """Make loading the target fail loudly: the checks under test must run before it."""
+    from dspark_cli.runtime import target as target_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target's weights were loaded")
+
+    monkeypatch.setattr(target_module.TargetModel, "load", classmethod(refuse))
+
+
+def test_a_one_megabyte_prompt_is_refused_before_loading(pair, tmp_path, monkeypatch):
+    """The byte tokenizer makes 1 MB one token per byte: 1,000,000 tokens against a 4096-position context."""
+    no_weight_loading(monkeypatch)
+    prompts = tmp_path / "big.txt"
+    prompts.write_text("a" * 1_000_000 + "\n")
+    result = generate("--prompts", str(prompts), "--target", pair[0], "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "prompt 1 has 1,000,000 tokens" in text and "more than the 4,096 of" in text
+
+
+def test_prompt_plus_new_tokens_beyond_the_context_is_refused(pair, monkeypatch):
+    no_weight_loading(monkeypatch)
+    result = generate("b" * 4000, "--target", pair[0], "--draft", pair[1], "--max-new-tokens", "97")
+    assert result.exit_code == 2, result.output
+    assert "4,097 positions, more than the 4,096" in " ".join(result.output.split())
+
+
+def test_a_prompt_that_fits_exactly_runs(pair):
+    result = generate("c" * 4094, "--target", pair[0], "--draft", pair[1], "--max-new-tokens", "2")
+    assert result.exit_code == 0, result.output
+
+
+def with_chat_template(target: str, root, template: str) -> str:
+    """A copy of the target whose tokenizer carries `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    copy = root / "chat-target"
+    shutil.copytree(target, copy)
+    tokenizer = AutoTokenizer.from_pretrained(str(copy))
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(copy))
+    return str(copy)
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ messages[0]['content'] | no_such_filter }}", "TemplateAssertionError: No filter named 'no_such_filter'"),
+        ("{{ raise_exception('roles must alternate') }}", "TemplateError: roles must alternate"),
+        ("{{ messages.nope.nope }}", "UndefinedError"),
+        ("{{ 1 + messages[0]['content'] }}", "TypeError"),
+        ("{% for m in messages %}{{ m['content'] }}", "TemplateSyntaxError"),
+    ],
+)
+def test_a_failing_chat_template_is_one_sentence(pair, tmp_path, monkeypatch, template, message):
+    no_weight_loading(monkeypatch)
+    target = with_chat_template(pair[0], tmp_path, template)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert f"the chat template of {target} fails: {message}" in text and "pass --no-chat" in text
+
+
+def test_a_runaway_chat_template_is_stopped(pair, tmp_path, monkeypatch):
+    from dspark_cli.runtime import chat
+
+    no_weight_loading(monkeypatch)
+    monkeypatch.setattr(chat, "CHAT_TEMPLATE_SECONDS", 0.5)
+    loop = ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] }}"
+            "{% endfor %}{% endfor %}")
+    target = with_chat_template(pair[0], tmp_path, loop)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    assert "was still rendering after 0.5 s" in " ".join(result.output.split())
+
+
+def test_an_oversized_chat_rendering_is_refused(pair, tmp_path, monkeypatch):
+    from dspark_cli.runtime import chat
+
+    no_weight_loading(monkeypatch)
+    monkeypatch.setattr(chat, "CHAT_TEMPLATE_MAX_CHARS", 1000)
+    template = "{% for i in range(300) %}{{ messages[0]['content'] }}{% endfor %}"
+    target = with_chat_template(pair[0], tmp_path, template)
+    result = generate("hello", "--target", target, "--draft", pair[1])
+    assert result.exit_code == 2, result.output
+    assert "produced 1,500 characters for one prompt (the limit is 1,000)" in " ".join(result.output.split())
+
+
+def test_a_working_chat_template_is_used(pair, tmp_path):
+    target = with_chat_template(pair[0], tmp_path, "<{{ messages[0]['content'] }}>")
+    out = tmp_path / "r.json"
+    result = generate("hello", "--target", target, "--draft", pair[1], "--max-new-tokens", "3", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["chat"] is True and doc["prompts"][0]["prompt_tokens"] == len("<hello>")
+
+
+@pytest.mark.parametrize("which", ["--target", "--draft"])
+def test_a_folder_name_that_is_not_utf8_is_named_not_the_file(pair, tmp_path, which):
+    import os
+    import shutil
+
+    target, draft = pair
+    moved = tmp_path / os.fsdecode(b"folder-\xff\xfe")
+    shutil.copytree(target if which == "--target" else draft, moved)
+    paths = {"--target": target, "--draft": draft, which: str(moved)}
+    result = generate("hello", "--target", paths["--target"], "--draft", paths["--draft"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert f"{which} {tmp_path}/folder-\\xff\\xfe has a name that is not valid UTF-8" in text
+    assert "the files themselves may be fine" in text

@@ -283,3 +283,21 @@ def test_round_record_rejects_inconsistent_values(kwargs):
 
 def test_round_record_drafted_defaults_to_proposed():
     assert RoundRecord(proposed=3, accepted=1, emitted=2).drafted == 3
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5])
+def test_confidences_that_are_not_probabilities_make_calibration_unavailable_not_a_crash(bad):
+    """A draft with NaN weights gives NaN confidences (assigned after the round is built, so RoundRecord's own
+    check never sees them): every other figure is still reported, calibration says why it is missing."""
+    broken = RoundRecord(proposed=3, accepted=1, emitted=2)
+    broken.confidences = [0.5, bad, 0.5]
+    stats = [GenerationStats(prompt_tokens=4, new_tokens=6, ttft_s=0.1, total_s=0.5, rounds=[R1, broken])]
+    summary = summarize(stats, None, 3)
+    assert summary.calibration is None and summary.tau == approx(3.0)
+    assert "not probabilities" in summary.calibration_unavailable and "1 of 2 rounds" in summary.calibration_unavailable
+    json.dumps(summary.to_dict(), allow_nan=False)  # the --json document stays valid JSON
+
+
+def test_calibration_is_available_for_valid_confidences():
+    summary = summarize(SPEC, None, 3)
+    assert summary.calibration is not None and summary.calibration_unavailable is None

@@ -268,3 +268,12 @@ def test_threshold_without_confidence_head_is_refused(target, drafts):
     with pytest.raises(ValueError, match="confidence head"):
         speculative_generate(target, drafts["dflash"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=4,
                              confidence_threshold=0.5)  # fmt: skip
+
+
+def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference):
+    """Generation may end at a stop token long before max_new_tokens: the draft context grows as it goes."""
+    expected = reference[0]
+    stop = expected[5]
+    result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
+                                  stop_ids=[stop])  # fmt: skip
+    assert result.tokens == expected[: expected.index(stop) + 1] and result.finished_by_stop

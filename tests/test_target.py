@@ -25,7 +25,7 @@ def full_forward(target: TargetModel, ids: list[int]):
     return out.logits[0], [h[0] for h in out.hidden_states]
 
 
-@pytest.mark.parametrize("indices", [(1, 3), (0, 2, 4)])  # 4 = the final norm's output, 0 = the embedding
+@pytest.mark.parametrize("indices", [(1, 3), (0, 2)])  # 0 = the embedding output
 def test_prefill_features_are_the_requested_hidden_states(target_dir, indices):
     target = TargetModel.load(target_dir, indices)
     logits, features = target.prefill(torch.tensor(PROMPT))
@@ -33,6 +33,21 @@ def test_prefill_features_are_the_requested_hidden_states(target_dir, indices):
     torch.testing.assert_close(logits, full_logits[-1])
     torch.testing.assert_close(features, torch.cat([hidden[i] for i in indices], dim=-1))
     assert target.cache_length == len(PROMPT)
+
+
+def test_last_layer_feature_is_the_raw_layer_output_not_the_final_norm(target_dir):
+    """Capture index L (layer L-1) is the residual stream DeepSpec and vLLM use; HF's hidden_states[L] is post-norm."""
+    target = TargetModel.load(target_dir, (2, 4))
+    _, features = target.prefill(torch.tensor(PROMPT))
+    _, hidden = full_forward(target, PROMPT)
+    decoder = target.model.get_decoder()
+    final_norm, decoder.norm = decoder.norm, torch.nn.Identity()
+    try:
+        _, raw = full_forward(target, PROMPT)  # without the final norm, hidden_states[L] is layer L-1's output
+    finally:
+        decoder.norm = final_norm
+    torch.testing.assert_close(features, torch.cat([raw[2], raw[4]], dim=-1))
+    assert not torch.allclose(features[:, 64:], hidden[4], atol=1e-3)  # HF's last entry: after the final norm
 
 
 @pytest.mark.parametrize("kwarg", ["cache", "past_key_values"])
@@ -96,3 +111,53 @@ def test_capture_index_beyond_the_depth_is_a_clear_error(target_dir):
 def test_missing_target_is_a_clear_error(tmp_path):
     with pytest.raises(DsparkError, match="cannot load the target model"):
         TargetModel.load(tmp_path / "nothing", (1,))
+
+
+def copy_target(target_dir, dst, *, drop=(), edit=None):
+    """A copy of the target folder without the tensors in `drop`, with config keys from `edit`."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(target_dir, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k not in drop}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, **(edit or {})}))
+    return dst
+
+
+def test_pickle_only_weights_are_refused_without_being_opened(target_dir, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    folder = copy_target(target_dir, tmp_path / "pickle")
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("a pickle was opened")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    with pytest.raises(DsparkError, match=r"only pickle weights \(pytorch_model.bin\) and dspark loads safetensors"):
+        TargetModel.load(folder)
+    (folder / "adapter.safetensors").write_bytes((folder / "pytorch_model.bin").read_bytes()[:0])  # not weights
+    with pytest.raises(DsparkError, match="cannot load the target model"):  # transformers itself is told: no pickle
+        TargetModel.load(folder)
+
+
+@pytest.mark.parametrize("drop", [["model.layers.1.mlp.down_proj.weight"],
+                                  ["lm_head.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight",
+                                   "model.layers.3.mlp.up_proj.weight"]])  # fmt: skip
+def test_missing_weights_are_refused(target_dir, tmp_path, drop):
+    folder = copy_target(target_dir, tmp_path / "incomplete", drop=drop)
+    with pytest.raises(DsparkError, match=f"lacks {len(drop)} weight tensor") as error:
+        TargetModel.load(folder)
+    assert sorted(drop)[0] in error.value.message
+
+
+def test_a_tied_lm_head_is_not_missing(target_dir, tmp_path):
+    folder = copy_target(target_dir, tmp_path / "tied", drop=["lm_head.weight"], edit={"tie_word_embeddings": True})
+    target = TargetModel.load(folder)
+    assert target.lm_head_weight.data_ptr() == target.embed_weight.data_ptr()

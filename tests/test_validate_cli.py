@@ -142,3 +142,26 @@ def test_validate_imports_no_torch(draft_dir):
     assert done.stderr.strip().splitlines()[-1] == "0 []"
     assert json.loads(done.stdout)["exit_code"] == 0
 
+
+
+def test_many_findings_of_one_code_print_ten_and_a_count(tmp_path, spec):
+    extra = {f"extra.{i}.weight": torch.zeros(1) for i in range(25)}
+    path = write_draft(tmp_path / "d", spec, mutate=lambda t: {**t, **extra})
+    result = invoke(path)
+    codes = [line.split()[1] for line in result.output.splitlines() if line.strip().startswith(("x DSP", "! DSP"))]
+    assert codes.count("DSP205") == 11, result.output  # ten findings and the count line
+    assert "... and 15 more DSP205 findings (--json lists all)." in " ".join(result.output.split())
+    listed = json.loads(invoke(path, "--json").output)["findings"]
+    assert sum(f["code"] == "DSP205" for f in listed) == 25
+
+
+def test_hostile_checkpoint_files_are_one_sentence_exit_2(tmp_path, spec):
+    path = write_draft(tmp_path / "d", spec)
+    (path / "config.json").unlink()
+    (path / "config.json").symlink_to("/dev/zero")
+    result = invoke(path)
+    assert result.exit_code == 2 and "not a regular file" in one_sentence(result.output)
+    (path / "config.json").unlink()
+    (path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = invoke(path)
+    assert result.exit_code == 2 and "levels deep" in one_sentence(result.output)

@@ -160,3 +160,25 @@ def test_corrupted_index_or_config(fixtures, data, name):
             assert result.exit_code in (0, 1), result.stderr
         else:
             assert_read_error(result)
+
+
+def nested(depth: int, opener: str) -> str:
+    """`depth` nested arrays or objects around 0."""
+    return (opener * depth) + "0" + ("]" if opener == "[" else "}") * depth
+
+
+@SETTINGS
+@given(depth=st.one_of(st.integers(1, 120), st.integers(120, 50_000)), opener=st.sampled_from(["[", '{"k":']),
+       name=st.sampled_from([INDEX, "config.json"]))  # fmt: skip
+def test_nested_json_is_read_up_to_100_levels_then_refused_in_one_sentence(fixtures, depth, opener, name):
+    with copy_of(fixtures["sharded"]) as folder:
+        target = folder / name
+        text = target.read_text()
+        # one more level: the file's own top-level object
+        target.write_text(text[: text.rindex("}")] + f', "nested": {nested(depth, opener)}}}')
+        result = validate(folder)
+        if depth + 1 <= 100:
+            assert result.exit_code in (0, 1), result.stderr
+        else:
+            assert_read_error(result)
+            assert "more than 100 levels deep" in " ".join(result.stderr.split())

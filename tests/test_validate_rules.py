@@ -89,10 +89,20 @@ DFLASH = S.with_(markov_rank=0, confidence=False, own_embed=False, own_lm_head=F
         (lambda p: write_folder(p, speculators_config(S.with_(block_size=4)), draft_tensors(S)), target(), ["DSP006"]),
         (lambda p: write_folder(p, speculators_config(DFLASH, "dflash"), draft_tensors(DFLASH)), target(),
          ["DSP002", "DSP104", "DSP105"]),
+        # drafts vLLM serves although older rules refused them
+        (lambda p: write_draft(p, REDUCED, mutate=lambda t: {**t, "d2t": t["d2t"].to(torch.int32)}), target(), []),
+        (lambda p: write_folder(p, {**draft_config(S), "draft_vocab_size": None}, draft_tensors(S)), target(), []),
+        (lambda p: write_draft(p, S.with_(vocab_size=257, draft_vocab_size=256, mask_token_id=256),
+                               mutate=drop("d2t")), target(), []),  # mask row T of the draft's own [T+1, H] embedding
+        (lambda p: write_draft(p, S.with_(sample_from_anchor=False), edit={"dspark_bonus_anchor": True}), target(),
+         ["DSP030"]),
+        (lambda p: write_draft(p, S, edit={"logit_scale": 0.5}), target(), []),
+        (lambda p: write_draft(p, S.with_(draft_vocab_size=300), mutate=drop("d2t")), target(), ["DSP020"]),
     ],
     ids=["single", "target", "sharded", "reduced-vocab", "bias+narrow-target", "shared-embed", "no-confidence",
          "confidence-no-markov", "dflash", "nvfp4", "nvfp4-sharded", "nvfp4-scale2-shape-1", "nvfp4-single-algo",
-         "specforge-hoisted", "specforge-renamed", "speculators-dspark", "speculators-dflash"],
+         "specforge-hoisted", "specforge-renamed", "speculators-dspark", "speculators-dflash", "int32-d2t",
+         "null-draft-vocab", "mask-in-own-embedding", "bonus-anchor-both-keys", "logit-scale", "padded-draft-vocab"],
 )  # fmt: skip
 def test_valid_checkpoints_trigger_no_rule(tmp_path, build, target_config, expected):
     path = build(tmp_path / "draft")
@@ -238,6 +248,12 @@ def aliased(tensors: dict) -> dict:
     return {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v for k, v in tensors.items()}
 
 
+def extra_layer(tensors: dict) -> dict:
+    """A third decoder layer in a draft whose config says num_hidden_layers 2."""
+    return {**tensors, **{k.replace("layers.1.", "layers.2.", 1): v.clone() for k, v in tensors.items()
+                          if k.startswith("layers.1.")}}  # fmt: skip
+
+
 def config_only(p: Path, config: dict, tensors: dict | None = None) -> Path:
     return write_folder(p, config, draft_tensors(S) if tensors is None else tensors)
 
@@ -265,7 +281,9 @@ CASES = [
     Case("DSP014", edited(block_size=None)),
     Case("DSP015", edited(mask_token_id=None)),
     Case("DSP016", edited(mask_token_id=256)),
-    Case("DSP016", edited(mask_token_id=200), target=target(vocab_size=128)),
+    Case("DSP015", lambda p: config_only(p, {**draft_config(S), "dflash_config": {"mask_token_id": None}})),
+    Case("DSP016", lambda p: write_draft(p, S.with_(own_embed=False, mask_token_id=200)),
+         target=target(vocab_size=128)),  # the mask row would come from the target's [128, H] embedding
     Case("DSP017", edited(target_layer_ids=None)),
     Case("DSP017", edited(target_layer_ids="0,2")),
     Case("DSP018", edited(target_layer_ids=[2, 0])),
@@ -284,15 +302,25 @@ CASES = [
     Case("DSP029", edited(use_aux_hidden_state=False)),
     Case("DSP030", lambda p: write_draft(p, S.with_(sample_from_anchor=False))),
     Case("DSP031", lambda p: write_draft(p, S), target=target(num_hidden_layers=6)),
+    Case("DSP032", edited(logit_scale=0)),
+    Case("DSP032", edited(logit_scale=-1.5)),
+    Case("DSP032", edited(logit_scale="2")),
+    Case("DSP033", lambda p: write_draft(p, S.with_(sample_from_anchor=False))),
+    Case("DSP033", edited(sample_from_anchor=True, dspark_bonus_anchor=True)),
+    Case("DSP034", edited(target_layer_ids=[0, 3])),  # num_target_layers 4
+    Case("DSP034", edited(target_layer_ids=[0, 2]), target=target(num_hidden_layers=3)),
     # vLLM load errors
     Case("DSP100", lambda p: write_draft(p, S)),
     Case("DSP101", lambda p: write_draft(p, S.with_(vocab_size=300, own_embed=False)), target=target(vocab_size=256)),
     Case("DSP102", lambda p: write_draft(p, REDUCED.with_(own_lm_head=False)), target=target()),
     Case("DSP102", lambda p: write_draft(p, S.with_(own_lm_head=False)), target=target(vocab_size=512)),
+    Case("DSP102", lambda p: config_only(p, {**draft_config(S), "draft_vocab_size": None},
+                                         drop("lm_head.weight")(draft_tensors(S))), target=target(vocab_size=512)),
     Case("DSP103", mutated(drop("d2t"), REDUCED), target=target()),
     Case("DSP104", lambda p: write_draft(p, S.with_(own_embed=False))),
     Case("DSP105", lambda p: write_draft(p, S.with_(own_lm_head=False))),
     Case("DSP106", mutated(add("d2t", torch.zeros(256, dtype=torch.long))), target=target()),
+    Case("DSP106", lambda p: write_draft(p, S.with_(draft_vocab_size=300)), target=target()),
     # tensors
     Case("DSP201", mutated(drop("layers.1.mlp.down_proj.weight"))),
     Case("DSP201", mutated(drop("confidence_head.proj.bias"))),
@@ -300,12 +328,16 @@ CASES = [
     Case("DSP202", edited(confidence_head_with_markov=False)),
     Case("DSP203", mutated(replace_tensor("norm.weight", torch.ones(64, dtype=torch.int32)))),
     Case("DSP203", mutated(replace_tensor("embed_tokens.weight", torch.zeros(256, 64, dtype=torch.uint8)))),
-    Case("DSP204", mutated(replace_tensor("d2t", torch.zeros(128, dtype=torch.int32)), REDUCED)),
+    Case("DSP204", mutated(replace_tensor("d2t", torch.zeros(128, dtype=torch.float32)), REDUCED)),
     Case("DSP205", mutated(add("extra.weight", torch.zeros(4, dtype=torch.bfloat16)))),
+    Case("DSP205", mutated(add("extra.bias", torch.zeros(4, dtype=torch.bfloat16)))),
+    Case("DSP205", mutated(extra_layer)),
     Case("DSP206", mutated(add("t2d", torch.ones(256, dtype=torch.bool)))),
     Case("DSP207", mutated(add("mask_embedding", torch.zeros(64, dtype=torch.bfloat16)))),
     Case("DSP208", mutated(aliased)),
     Case("DSP209", mutated(prefixed)),
+    Case("DSP210", mutated(add("layers.0.self_attn.q_proj.bias", torch.zeros(64, dtype=torch.bfloat16)))),
+    Case("DSP210", mutated(add("norm.bias", torch.zeros(64, dtype=torch.bfloat16)))),
     # NVFP4
     Case("DSP301", nvfp4(mutate=replace_tensor("markov_head.markov_w2.weight",
                                                torch.zeros(256, 64, dtype=torch.uint8)))),
@@ -346,6 +378,7 @@ CASES = [
                          hf_quant_config={})),
     Case("DSP314", nvfp4(quantization_config=single_algo(EXCLUDE_ALL_BUT_W2)[0],
                          hf_quant_config=single_algo(EXCLUDE_ALL_BUT_W2)[1])),
+    Case("DSP315", nvfp4(mutate=add("markov_head.markov_w2.input_scale", torch.tensor(1.0)))),
     # files
     Case("DSP401", with_file("pytorch_model.bin", b"\x80\x02}q\x00.")),
     Case("DSP402", duplicated_in_second_shard),
@@ -466,6 +499,55 @@ def test_dflash_draft_with_markov_tensors_lists_them_as_unexpected(tmp_path):
         "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}
 
 
+def test_null_draft_vocab_size_means_vocab_size_like_vllm(tmp_path):
+    path = write_folder(tmp_path / "d", {**draft_config(S), "draft_vocab_size": None}, draft_tensors(S))
+    report = validate_checkpoint(open_checkpoint(path), target(vocab_size=512))
+    assert report.resolved["draft_vocab_size"] == {"value": 256, "source": "vocab_size (default)"}
+    assert not any(s.check.startswith("DSP020") for s in report.skipped)
+    assert "DSP010" not in report.codes
+
+
+def test_mixed_precision_accepts_every_per_layer_algo_vllm_maps(tmp_path):
+    for algo in ("MXFP8", "FP8_PB_WO"):  # ModelOptMixedPrecisionConfig.get_quant_method
+        json_config, legacy = nvfp4_quant_configs({VLLM_MARKOV_W2: W4A16_LAYER, "model.fc": {"quant_algo": algo}})
+        path = write_nvfp4_draft(tmp_path / algo, quantization_config=json_config, hf_quant_config=legacy)
+        codes = codes_of(path, target(R64))
+        assert "DSP307" not in codes and "DSP310" in codes  # fc is claimed by that algo but stored bf16
+
+
+def test_fp8_stored_layer_claimed_fp8_is_not_called_unquantized(tmp_path):
+    json_config, legacy = nvfp4_quant_configs({VLLM_MARKOV_W2: W4A16_LAYER, "model.fc": {"quant_algo": "FP8"}})
+    path = write_nvfp4_draft(tmp_path / "d", quantization_config=json_config, hf_quant_config=legacy,
+                             mutate=lambda t: {**t, "fc.weight": t["fc.weight"].to(torch.float8_e4m3fn)})
+    assert "DSP310" not in codes_of(path, target(R64))
+
+
+def test_ignored_legacy_quant_file_only_warns(tmp_path):
+    legacy = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16}}
+    report = validate_checkpoint(open_checkpoint(write_nvfp4_draft(tmp_path / "d", hf_quant_config=legacy)),
+                                 target(R64))  # fmt: skip
+    assert "DSP307" not in report.codes and "DSP309" in report.codes
+    assert report.exit_code() == 0
+
+
+def test_load_failures_vllm_raises_on_are_errors(tmp_path):
+    cases = {
+        "DSP205": write_draft(tmp_path / "a", S, mutate=extra_layer),
+        "DSP106": write_draft(tmp_path / "b", S, mutate=add("d2t", torch.zeros(256, dtype=torch.long))),
+        "DSP015": config_only(tmp_path / "c", {**draft_config(S), "dflash_config": {"mask_token_id": None}}),
+        "DSP034": write_draft(tmp_path / "d", S, edit={"target_layer_ids": [0, 3]}),
+    }
+    for code, path in cases.items():
+        report = validate_checkpoint(open_checkpoint(path), target())
+        assert code in report.codes and report.exit_code() == 1, code
+
+
+def test_extra_layer_is_named_per_tensor(tmp_path):
+    findings = validate_checkpoint(open_checkpoint(write_draft(tmp_path / "d", S, mutate=extra_layer))).findings
+    names = {f.message.split("'")[1] for f in findings if f.code == "DSP205"}
+    assert len(names) == 11 and all(n.startswith("layers.2.") for n in names)
+
+
 def test_shape_hint_points_at_the_confidence_flag(tmp_path):
     path = write_draft(tmp_path / "d", S, edit={"confidence_head_with_markov": False})
     (finding,) = [f for f in validate_checkpoint(open_checkpoint(path)).findings if f.code == "DSP202"]
@@ -478,3 +560,11 @@ def test_validation_never_modifies_the_checkpoint(tmp_path):
     before = {p.name: p.read_bytes() for p in path.iterdir()}
     validate_checkpoint(open_checkpoint(path), target(R64), deep=True)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+
+
+def test_logit_scale_is_used_as_vllm_uses_it():
+    from dspark_cli.runtime.config import DraftConfig
+
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": -2.0}).logit_scale == -2.0
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": 0}).logit_scale == 0.0
+    assert DraftConfig.from_dict({**draft_config(S), "logit_scale": "2"}).logit_scale == 1.0  # DSP032 reports it

@@ -3,7 +3,15 @@
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # validate found errors (or warnings with --strict)
 EXIT_BAD_INPUT = 2  # an input could not be read or is unusable
-EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. `kill`, a job scheduler or a container stop
+
+
+class Terminated(BaseException):
+    """Raised by the CLI's SIGTERM handler so that SIGTERM unwinds like Ctrl-C: temporary outputs are removed.
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` blocks do not swallow it.
+    """
 
 
 class DsparkError(Exception):

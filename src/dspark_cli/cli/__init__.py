@@ -1,6 +1,7 @@
 """The `dspark` Typer app. Command modules import only typer here; heavy imports live inside commands."""
 
 import os
+import signal
 
 import typer
 
@@ -32,10 +33,13 @@ def _global_options(
 
 
 def _register() -> None:
-    from dspark_cli.cli import bench, eval, generate, quantize, train, validate
+    from dspark_cli.cli import bench, eval, generate, quantize, serve, train, validate
 
-    for module in (validate, quantize, generate, eval, bench, train):
+    for module in (validate, quantize, generate, eval, bench, train, serve):
         module.register(app)
+    typers = [app] + [group.typer_instance for group in app.registered_groups]
+    for command in (command for typer_app in typers for command in typer_app.registered_commands):
+        command.cls = render.Command
 
 
 _register()
@@ -45,4 +49,14 @@ def main() -> None:
     # Idle OpenMP threads sleep instead of spinning: on a shared CPU, spinning threads made one decode step 16x
     # slower. Set before torch is imported (commands import it lazily); an explicit user setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    signal.signal(signal.SIGTERM, _raise_terminated)
     app()
+
+
+def _raise_terminated(signum, frame) -> None:
+    """SIGTERM unwinds like Ctrl-C (temporary outputs removed), then render.handle_errors exits 143. Further
+    SIGTERMs are ignored so that the cleanup can finish (SIGKILL still stops the process)."""
+    from dspark_cli.errors import Terminated
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
@@ -17,6 +19,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark 
 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 TABLE_WIDTH = 150  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
 
 
@@ -54,7 +57,8 @@ def markov(
                                help="Untimed repetitions first (default 10 on CUDA, 2 on CPU)."),
     peak_gbps: float = typer.Option(None, "--peak-gbps", min=0.001, help="Memory bandwidth for the lower bound, "
                                     "GB/s (default: spec sheet of known GPUs, else a copy measured in the run)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random weights and inputs."),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Seed of the random weights and inputs "
+                             "(0 to 2^64 - 1)."),
     json_out: Path = typer.Option(None, "--json", help="Also write the results as JSON to FILE ('-': stdout)."),
     plot: Path = typer.Option(None, "--plot", help="Write a PNG of latency against batch size to FILE."),
 ) -> None:
@@ -63,10 +67,13 @@ def markov(
     Every method is first checked to emit the reference walk's tokens (greedy, and with the same Gumbel
     noise); exit code 1 if one does not.
     """
+    if peak_gbps is not None and not math.isfinite(peak_gbps):
+        raise DsparkError(f"--peak-gbps must be a finite number of GB/s, got {peak_gbps}.")
     import torch
 
     from dspark_cli.runtime.bench import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
 
+    _check_outputs(json_out, plot, draft)
     device_name = (device.value if device else None) or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device_name == "cuda"
     config = BenchConfig(
@@ -97,25 +104,37 @@ def markov(
         for temp in config.temperatures:
             out.print(_table(report, fmt, temp))
     for note in report.notes:
-        out.print(f"[dim]• {note}[/]", highlight=False)
+        out.print(Text(f"• {note}", style="dim"), highlight=False)
     if json_out is not None:
         emit_json(report.to_dict(), json_out)
     if plot is not None:
         write_latency_chart(report, plot)
-        out.print(f"plot written to {plot}", highlight=False)
+        out.print(Text(f"plot written to {plot}"), highlight=False)
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
                           "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
 
 
+def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
+    """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
+    from dspark_cli.runtime.files import check_output_file, local_inputs, real_path
+
+    inputs = local_inputs("draft checkpoint", [draft])
+    check_output_file(json_out, inputs, "--json file")
+    check_output_file(plot, inputs, "--plot file")
+    if json_out is not None and plot is not None and str(json_out) != "-" and real_path(json_out) == real_path(plot):
+        raise DsparkError(f"--json and --plot both name {plot}; give them different files.")
+
+
 def _table(report, fmt: str, temperature: float) -> Table:
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(
-        title=f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} Vd={report.draft_vocab} "
-        f"r={report.rank} N={report.block} · {report.device_name}",
-        caption=f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
-        f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
-        + (" · * Triton kernel under the interpreter: tokens checked, not timed" if _interpreted(report) else ""),
+        title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} "
+                   f"Vd={report.draft_vocab} r={report.rank} N={report.block} · {report.device_name}"),
+        caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
+                     f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
+                     + (" · * Triton kernel under the interpreter: tokens checked, not timed"
+                        if _interpreted(report) else "")),
         title_justify="left",
         caption_justify="left",
         box=box.SIMPLE_HEAD,
@@ -195,12 +214,12 @@ def _bytes(n_bytes: int | None) -> str:
 
 
 def _numbers(text: str, option: str, cast: type, minimum: float, what: str, example: str) -> tuple:
-    """A comma-separated option value -> a tuple of numbers >= minimum, or one clear error."""
+    """A comma-separated option value -> a tuple of finite numbers >= minimum, or one clear error."""
     try:
         values = tuple(cast(part) for part in text.split(",") if part.strip())
     except ValueError:
         values = ()
-    if not values or min(values) < minimum:
+    if not values or not all(math.isfinite(value) and value >= minimum for value in values):
         raise DsparkError(f"{option} takes {what} separated by commas (e.g. {example}), got {text!r}.")
     return values
 
@@ -210,7 +229,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 def _temperatures(text: str) -> tuple[float, ...]:
-    return _numbers(text, "--temperature", float, 0, "numbers >= 0", "0,1")
+    return _numbers(text, "--temperature", float, 0, "finite numbers >= 0", "0,1")
 
 
 def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...]:

@@ -104,7 +104,7 @@ def eval_command(
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
 
-    session = _load(settings, out, torch)
+    session = _load(settings, sets, out, torch)
     run.settings = settings
     block = settings["block_size"]
 
@@ -173,18 +173,21 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
                               "resume with the stored settings, or start a new run.")
 
 
-def _load(settings: dict, out: Console, torch):
-    """Resolve and check the pair, load it, and return session(set_name, index, prompt) -> PromptResult.
-    Fills the resolved block size, device, dtype, Markov strategy and chat into `settings`."""
+def _load(settings: dict, sets: list, out: Console, torch):
+    """Resolve and check the pair, encode every prompt (checked against the target's context), load the pair, and
+    return session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov
+    strategy and chat into `settings`."""
     from dspark_cli.cli.generate import MARKOV_CHOICES, _device, _dtype, _stop_ids, _tokenizer
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime import evaluation as ev
+    from dspark_cli.runtime.chat import encode_prompt
     from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
     from dspark_cli.runtime.config import DraftConfig
     from dspark_cli.runtime.draft import DSparkDraft
     from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
     from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import autoregressive_generate, check_pair, speculative_generate
+    from dspark_cli.runtime.speculative import (autoregressive_generate, check_context, check_pair, context_limit,
+                                                speculative_generate)
     from dspark_cli.runtime.target import TargetModel
 
     s = settings
@@ -193,9 +196,25 @@ def _load(settings: dict, out: Console, torch):
     torch_device = _device(s["device"], torch)
     torch_dtype = _dtype(s["dtype"], torch_device, torch)
     ckpt = open_checkpoint(s["draft"])
-    pair = check_pair(ckpt, read_target_config(s["target"]), s["block_size"], None)
+    target_config = read_target_config(s["target"])
+    pair = check_pair(ckpt, target_config, s["block_size"], None)
     for warning in pair.warnings:
         out.print(Text(f"warning: {warning}", style="yellow"))
+    tokenizer = _tokenizer(s["target"])
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    use_chat = has_template if s["chat"] is None else s["chat"]
+    if use_chat and not has_template:
+        raise DsparkError(f"--chat: the tokenizer of {s['target']} has no chat template; pass --no-chat.")
+    encoded = {}  # (set name, index) -> token ids
+    for prompt_set in sets:
+        for index, text in enumerate(prompt_set.prompts):
+            ids = encode_prompt(tokenizer, text, use_chat, s["target"], s["thinking"])
+            if not ids:
+                raise DsparkError(f"prompt {index + 1} of {prompt_set.path} encodes to no tokens; remove it.")
+            encoded[prompt_set.name, index] = ids
+    for prompt_set in sets:
+        lengths = [len(encoded[prompt_set.name, i]) for i in range(len(prompt_set.prompts))]
+        check_context(lengths, s["max_new_tokens"], context_limit(target_config), s["target"])
     with out.status("loading the target and the draft"):
         from transformers.utils import logging as transformers_logging
 
@@ -205,7 +224,6 @@ def _load(settings: dict, out: Console, torch):
         draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
-        tokenizer = _tokenizer(s["target"])
     if s["confidence_threshold"] is not None and draft_model.confidence_head is None:
         raise DsparkError(f"{s['draft']} has no confidence head, so --confidence-threshold cannot be used.")
     params = SamplingParams(temperature=s["temperature"])
@@ -214,10 +232,6 @@ def _load(settings: dict, out: Console, torch):
                                    torch_device.type == "cuda")  # fmt: skip
     except ValueError as error:
         raise DsparkError(f"--markov {s['markov']}: {error}.") from None
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    use_chat = has_template if s["chat"] is None else s["chat"]
-    if use_chat and not has_template:
-        raise DsparkError(f"--chat: the tokenizer of {s['target']} has no chat template; pass --no-chat.")
     stop_ids = _stop_ids(target_model, tokenizer)
     s.update(block_size=pair.block_size, device=str(torch_device), dtype=str(torch_dtype).removeprefix("torch."),
              markov=strategy, chat=use_chat)  # fmt: skip
@@ -238,9 +252,7 @@ def _load(settings: dict, out: Console, torch):
     warm = [True]
 
     def session(set_name: str, index: int, text: str):
-        ids = ev.encode_prompt(tokenizer, text, use_chat, s["thinking"])
-        if not ids:
-            raise DsparkError(f"prompt {index + 1} of {set_name} encodes to no tokens; remove it.")
+        ids = encoded[set_name, index]
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
             speculative(ids, min(s["max_new_tokens"], pair.block_size + 2), s["seed"])
             if s["baseline"]:

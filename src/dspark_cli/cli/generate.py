@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -26,6 +25,7 @@ MARKOV_CHOICES = ("auto", "dense", "topk", "nvfp4", "fused")
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # fmt: skip
 BAR_WIDTH = 20
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 
 
 def register(app: typer.Typer) -> None:
@@ -74,7 +74,8 @@ class Settings:
 
 @render.handle_errors
 def generate(
-    prompt: Optional[str] = typer.Argument(None, help="Prompt text (or use --prompts; the demo pair has defaults)."),
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help="Prompt text (or use --prompts; the demo "
+                                           "pair has defaults)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="File of prompts: .txt (one per line) or .jsonl "
@@ -97,7 +98,8 @@ def generate(
                                         "template (default: when it has one)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly with the target and report the "
                                   "speedup (and, when greedy, any divergence)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of every random draw (reproducible runs)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Seed of every random draw (reproducible "
+                             "runs; 0 to 2^64 - 1)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, "
                               "bfloat16 or float16."),
@@ -107,13 +109,24 @@ def generate(
     import torch
 
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.chat import encode_prompt
     from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
     from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair
     from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.files import check_output_file, local_inputs
     from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
     from dspark_cli.runtime.metrics import summarize
+    from dspark_cli.runtime.paths import require_utf8_path
     from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import autoregressive_generate, check_pair, speculative_generate
+    from dspark_cli.runtime.speculative import (
+        autoregressive_generate,
+        check_context,
+        check_pair,
+        context_limit,
+        nonfinite_warning,
+        nonfinite_weights,
+        speculative_generate,
+    )
     from dspark_cli.runtime.target import TargetModel
 
     out = render.err_console if json_path == "-" else render.console
@@ -137,10 +150,21 @@ def generate(
     torch_device = _device(device, torch)
     torch_dtype = _dtype(dtype, torch_device, torch)
 
+    require_utf8_path(target, "--target")
+    require_utf8_path(draft, "--draft")
     ckpt = open_checkpoint(draft)  # headers only: every check below runs before any weight is loaded
-    pair = check_pair(ckpt, read_target_config(target), block_size, draft_topk)
+    inputs = local_inputs("prompts file", [prompts]) + local_inputs("target", [target])
+    check_output_file(json_path, inputs + [("draft checkpoint", ckpt.local_dir)], "--json file")
+    target_config = read_target_config(target)
+    pair = check_pair(ckpt, target_config, block_size, draft_topk)
     for warning in pair.warnings:
         out.print(Text(f"warning: {warning}", style="yellow"))
+    tokenizer = _tokenizer(target)
+    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    if use_chat and not getattr(tokenizer, "chat_template", None):
+        raise DsparkError(f"--chat: the tokenizer of {target} has no chat template; pass --no-chat.")
+    prompt_ids = [encode_prompt(tokenizer, text, use_chat, target) for text in texts]
+    check_context([len(ids) for ids in prompt_ids], max_new_tokens, context_limit(target_config), target)
 
     with out.status("loading the target and the draft"):
         from transformers.utils import logging as transformers_logging
@@ -154,7 +178,10 @@ def generate(
         draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
-        tokenizer = _tokenizer(target)
+    corrupt = nonfinite_warning(draft, nonfinite_weights(draft_model))
+    if corrupt is not None:
+        pair.warnings.append(corrupt)
+        out.print(Text(f"warning: {corrupt}", style="yellow"))
     if confidence_threshold is not None and draft_model.confidence_head is None:
         raise DsparkError(f"{draft} has no confidence head, so --confidence-threshold cannot be used.")
     try:
@@ -163,10 +190,6 @@ def generate(
     except ValueError as error:
         raise DsparkError(f"--markov {markov}: {error}.") from None
 
-    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
-    if use_chat and not getattr(tokenizer, "chat_template", None):
-        raise DsparkError(f"--chat: the tokenizer of {target} has no chat template; pass --no-chat.")
-    prompt_ids = [_encode(tokenizer, text, use_chat) for text in texts]
     stop_ids = _stop_ids(target_model, tokenizer)
     settings = Settings(target, draft, str(torch_device), str(torch_dtype).removeprefix("torch."), pair.block_size,
                         pair.trained_block_size, strategy, pair.draft_topk, confidence_threshold, temperature, top_p,
@@ -235,6 +258,7 @@ def read_prompts(path: Path) -> list[str]:
     """Prompts from a .txt file (one per non-empty line) or a .jsonl file (a JSON string or an object with a
     'prompt' string per line)."""
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint import parse_json_text
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -248,10 +272,8 @@ def read_prompts(path: Path) -> list[str]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DsparkError(f"--prompts {path} line {number} is not JSON ({error.msg}).") from None
+        record = parse_json_text(line, f"--prompts {path} line {number}", "give one JSON string or object per line",
+                                 invalid="is not JSON")
         text = record.get("prompt") if isinstance(record, dict) else record
         if not isinstance(text, str):
             raise DsparkError(f"--prompts {path} line {number}: give a JSON string or an object with a 'prompt' "
@@ -294,14 +316,6 @@ def _tokenizer(target: str):
     except (OSError, ValueError) as error:
         raise DsparkError(f"cannot load a tokenizer from {target} ({error}); the target folder needs its tokenizer "
                           "files (tokenizer.json, tokenizer_config.json).") from None
-
-
-def _encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
 
 
 def _stop_ids(target_model, tokenizer) -> list[int]:
@@ -360,6 +374,8 @@ def print_report(out: Console, settings: Settings, summary: "Summary", runs: lis
     out.print(_metrics_table(summary))
     if summary.calibration is not None:
         out.print(_calibration_table(summary))
+    elif summary.calibration_unavailable is not None:
+        out.print(Text(f"confidence calibration unavailable: {summary.calibration_unavailable}.", style="yellow"))
     if baseline and greedy:
         diverged = [(i, run.first_divergence) for i, run in enumerate(runs) if run.first_divergence is not None]
         if not diverged:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
 
@@ -22,7 +23,9 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def quantize(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint: a local folder or a Hugging Face hub id."),
+    checkpoint: str = typer.Argument(
+        ..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder or a Hugging Face hub id."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (written atomically; must not exist)."),
     engine: Engine = typer.Option(
         Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
@@ -42,7 +45,7 @@ def quantize(
         checkpoint, out, engine=engine.value, force=force, revision=revision, sample_rows=sample_rows
     )
     for warning in report.warnings:  # stderr, so that --json keeps stdout to the one document
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err_console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -51,7 +54,7 @@ def quantize(
 
 def _table(report) -> Table:
     vd, rank = report.shape
-    table = Table(title=f"dspark quantize → {report.output}", show_header=False, title_justify="left")
+    table = Table(title=Text(f"dspark quantize → {report.output}"), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     rows = [
@@ -79,7 +82,7 @@ def _table(report) -> Table:
         ("wall time", f"{report.wall_s:.2f} s"),
     ]
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(Text(key), Text(str(value)))
     return table
 
 

@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 from rich.markup import escape
 
-from dspark_cli.errors import EXIT_INTERRUPTED, DsparkError
+from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
 
 console = Console()
 err_console = Console(stderr=True)
@@ -28,8 +29,23 @@ class State:
 state = State()
 
 
+class Command(TyperCommand):
+    """Usage lines name a required argument plainly (`CHECKPOINT`), as click does, not `{CHECKPOINT}`."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+def _unbraced(piece: str) -> str:
+    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+
+
 def handle_errors(command: Callable) -> Callable:
-    """Turn DsparkError into one sentence on stderr and its exit code; Ctrl-C into exit 130."""
+    """Turn DsparkError into one sentence on stderr and its exit code; Ctrl-C into exit 130, SIGTERM into 143.
+
+    An interrupt may carry `kept`, a sentence saying what the command kept on disk (train's checkpoints);
+    otherwise nothing was written (outputs are atomic).
+    """
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -40,15 +56,19 @@ def handle_errors(command: Callable) -> Callable:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
             err_console.print(f"[bold red]error:[/] {escape(error.message)}", highlight=False, soft_wrap=True)
             raise typer.Exit(error.exit_code) from None
-        except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]: nothing was written")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (KeyboardInterrupt, Terminated) as stop:
+            terminated = isinstance(stop, Terminated)
+            kept = getattr(stop, "kept", None) or "nothing was written"
+            err_console.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: {escape(kept)}",
+                              highlight=False)
+            raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
 
     return wrapper
 
 
 def emit_json(document: Any, path: Path | str | None = None) -> None:
-    """Write `document` as JSON to stdout (path None or '-') or atomically to a file."""
+    """Write `document` as JSON to stdout (path None or '-') or atomically to a file (checked beforehand with
+    runtime.files.check_output_file)."""
     text = json.dumps(document, indent=2, default=_json_default) + "\n"
     if path is None or str(path) == "-":
         sys.stdout.write(text)

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from dspark_cli.cli import render
+from dspark_cli.errors import Terminated
 
 
 class ProgressWithStats(Progress):
@@ -78,11 +79,19 @@ def train(
                                                  help="Jinja chat template for JSONL 'messages' records "
                                                  "(default: the tokenizer's)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+    log: Optional[Path] = typer.Option(None, "--log-jsonl", help="Append one JSON line per step (loss, its terms, τ, "
+                                       "lr, tokens/s) to this file."),
+    dist_timeout: float = typer.Option(600.0, "--dist-timeout",
+                                       help="Under torchrun: seconds a process waits for the others in a "
+                                       "collective before the run fails."),
 ) -> None:
 
     from transformers.utils import logging as hf_logging
 
-    from dspark_cli.runtime.training import DraftShape, TrainOptions, prepare_run, train_loop
+    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError
+    from dspark_cli.runtime import training_dist
+    from dspark_cli.runtime.training import DraftShape, TrainOptions, resolve_device
+    from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
@@ -93,14 +102,56 @@ def train(
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)
+    if not dist_timeout > 0:
+        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
+    dist = training_dist.context_from_env()
+    if batch_size < dist.world_size:
+        raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
+                          f"processes ({dist.world_size}).")
+    if not dist.is_main:
+        render.console.quiet = True  # rank 0 alone prints notes, progress and the result
+    training_dist.start(dist, resolve_device(device), dist_timeout)
+    existed = out.exists()
+    try:
+        final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
+    except training_dist.PeerFailed as error:
+        if dist.is_main:
+            raise
+        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
+    except (KeyboardInterrupt, Terminated) as stop:
+        if not dist.is_main:  # rank 0 says what was kept; the others never write to `out`
+            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
+        stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
+        raise
+    except torch_distributed_error() as error:
+        raise training_dist.lost_contact(dist, error) from error
+    finally:
+        training_dist.stop(dist)
+    render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
+                                       f" (check it with `dspark validate {final} --target {target}`)"))
+
+
+def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist) -> Path:
+    import json
+    from dataclasses import asdict
+
+    from dspark_cli.runtime import training_dist
+    from dspark_cli.runtime.training import prepare_run, train_loop
+
     with render.console.status("loading the target and the data"):
-        run = prepare_run(target, data, out, shape, options, device=device, resume=resume,
-                          chat_template=chat_template, force=force)
+        run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
+                                                chat_template=chat_template, force=force, dist=dist),
+                            "loading the target, the data and the draft")
+    trainer = run.trainer
+    dist.same_everywhere(training_dist.run_fingerprint(trainer.stream.tokens, trainer.options,
+                                                       trainer.draft.config.raw, trainer.step),
+                         "training data, options and starting point")
     for note in run.notes:
-        render.console.print(f"[dim]{note}[/]")
+        render.console.print(Text(note, style="dim"))
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with ProgressWithStats(*columns, console=render.console) as progress:
-        task = progress.add_task("train", total=steps, completed=run.trainer.step)
+        task = progress.add_task("train", total=options.steps, completed=run.trainer.step)
+        log_file = log.open("a", encoding="utf-8") if log is not None and dist.is_main else None
 
         def on_step(report) -> None:
             accept = " ".join(f"{a:.2f}" for a in report.accept)
@@ -108,10 +159,30 @@ def train(
                               f"{report.confidence:.3f})  τ≈{report.tau:.2f}  {report.tokens_per_s:,.0f} tok/s\n"
                               f"acceptance per position ≈ {accept}")
             progress.update(task, completed=report.step)
+            if log_file is not None:
+                log_file.write(json.dumps(asdict(report)) + "\n")
+                log_file.flush()
 
-        final = train_loop(run.trainer, run.out, on_step)
-    render.console.print(f"draft written to [bold]{final}[/] (check it with `dspark validate {final} --target "
-                         f"{target}`)")
+        try:
+            return train_loop(run.trainer, run.out, on_step)
+        finally:
+            if log_file is not None:
+                log_file.close()
+
+
+def _kept_after_interrupt(out: Path, existed: bool) -> str:
+    """What an interrupted run leaves in `out`, in one sentence (checkpoints are written whole or not at all)."""
+    if not out.is_dir():
+        return "nothing was written"
+    from dspark_cli.runtime.training import latest_checkpoint
+
+    latest = latest_checkpoint(out)
+    if latest is not None:
+        return f"the latest checkpoint {latest} was kept; continue with --resume {latest}"
+    if not existed and not any(out.iterdir()):
+        out.rmdir()  # the empty folder this run created
+        return "nothing was written"
+    return f"no checkpoint was written in {out}"
 
 
 def _check_positive(**values: int) -> None:

@@ -17,6 +17,7 @@ HELP = """Check a DSpark (or DFlash) draft checkpoint against every rule vLLM's 
 config.json and the safetensors headers. Exit codes: 0 no errors, 1 errors found (or warnings with --strict),
 2 the checkpoint could not be read. Every finding code is documented in docs/validate.md."""
 
+SHOWN_PER_CODE = 10  # findings printed per code; the rest are counted (--json lists every one)
 STYLES = {"error": ("Errors", "bold red", "x"), "warning": ("Warnings", "bold yellow", "!"),
           "info": ("Info", "bold blue", "i")}  # fmt: skip
 
@@ -43,8 +44,11 @@ def validate(
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
+    from dspark_cli.runtime.paths import require_utf8_path
     from dspark_cli.runtime.rules import validate_checkpoint
 
+    if deep:  # only --deep opens tensors with the safetensors library; headers are read by dspark itself
+        require_utf8_path(checkpoint, "CHECKPOINT")
     try:
         ckpt = open_checkpoint(checkpoint, revision)
         target_config = read_target_config(target) if target else None
@@ -74,9 +78,17 @@ def print_report(report: "Report", strict: bool, exit_code: int) -> None:
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True)
         table.add_column()
+        shown: dict[str, int] = {}
         for finding in findings:
-            table.add_row(Text(f"  {mark} {finding.code}", style=style), Text(finding.message))
-            table.add_row("", Text(f"fix: {finding.hint}", style="dim"))
+            shown[finding.code] = shown.get(finding.code, 0) + 1
+            if shown[finding.code] <= SHOWN_PER_CODE:
+                table.add_row(Text(f"  {mark} {finding.code}", style=style), Text(finding.message))
+                table.add_row("", Text(f"fix: {finding.hint}", style="dim"))
+        for code, count in shown.items():
+            if count > SHOWN_PER_CODE:
+                table.add_row(Text(f"  {mark} {code}", style=style),
+                              Text(f"... and {count - SHOWN_PER_CODE} more {code} findings (--json lists all).",
+                                   style="dim"))  # fmt: skip
         console.print(table)
     if report.skipped:
         console.print(Text("\nSkipped", style="bold"))

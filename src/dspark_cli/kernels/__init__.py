@@ -1,17 +1,20 @@
 """Triton kernels, each with a pure-torch reference twin.
 
 Without CUDA, Triton kernels can only run in its interpreter, and the interpreter must be chosen
-before any `@triton.jit` decorator runs. This package is imported before its kernel modules, so it
-makes that choice here. Triton itself is optional: the torch references work without it.
+before triton is first imported (dspark_cli/triton_mode.py makes that choice when `dspark_cli` is
+imported; it is made here too when triton is not imported yet, for a process that removed the finder).
+Triton itself is optional: the torch references work without it.
 """
 
 import functools
-import os
+import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from dspark_cli import triton_mode
+
+if "triton" not in sys.modules:
+    triton_mode.choose()
 
 
 @functools.cache

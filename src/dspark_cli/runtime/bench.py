@@ -63,6 +63,9 @@ PEAK_GBPS = (
 )
 # Triton-interpreter work allowed per kernel check: programs x positions (~5-15 ms each on a CPU core).
 INTERPRETER_BUDGET = 64
+# Bytes per [B, N, Vd] logit entry a batch holds at once: random logits, base row, Gumbel noise, scratch row and
+# the reference walk's scores (fp32 or bf16 each), rounded up.
+INPUT_BYTES_PER_LOGIT = 24
 _FP32_ACCUMULATION = 2.0**-24  # relative rounding of one float32 addition
 
 
@@ -285,7 +288,9 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     from dspark_cli.runtime.checkpoint import open_checkpoint
     from dspark_cli.runtime.config import DraftConfig
     from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.paths import require_utf8_path
 
+    require_utf8_path(source, "the draft")
     ckpt = open_checkpoint(source)
     draft_config = DraftConfig.from_dict(ckpt.config)
     if not draft_config.markov_rank:
@@ -305,6 +310,11 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
         d2t=None if loaded.d2t is None else loaded.d2t.detach(),
     )  # fmt: skip
     _check_shapes(config, weights.w1.shape[0], weights.w2.shape[0], weights.w1.shape[1], source=str(ckpt.source))
+    corrupt = [name for name, tensor in (("markov_w1", weights.w1), ("markov_w2", weights.w2))
+               if not torch.isfinite(tensor).all()]  # fmt: skip
+    if corrupt:
+        raise DsparkError(f"{ckpt.source}: {' and '.join(corrupt)} hold NaN or inf values, so every Markov score would "
+                          "be NaN and no method's tokens could be checked; fix or re-export the draft.")
     stored = "NVFP4" if weights.w2_nvfp4 is not None else str(weights.w2.dtype).removeprefix("torch.")
     return {fmt: _head_in_format(fmt, weights, config.dtype, f"{ckpt.source} (markov_w2 stored as {stored})")
             for fmt in config.formats}  # fmt: skip
@@ -336,6 +346,47 @@ def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, 
     too_large = [k for k in config.topks if k > draft_vocab]
     if too_large:
         raise DsparkError(f"--topk {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); pass smaller values.")
+    _check_memory(config, vocab, draft_vocab, rank)
+
+
+def memory_needed(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) -> tuple[int, int]:
+    """Rough peak bytes of a run: (weights, inputs of the largest batch). Weights: W1 and W2 drawn in fp32 and
+    kept in bf16, plus a dequantized W2 per format; inputs: ~INPUT_BYTES_PER_LOGIT per [B, N, Vd] entry."""
+    weights = (vocab + draft_vocab) * rank * 6 + len(config.formats) * draft_vocab * rank * 6
+    inputs = max(config.batches) * config.block * draft_vocab * INPUT_BYTES_PER_LOGIT
+    return weights, inputs
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes free for new tensors: the CUDA device's free memory, else the host's MemAvailable (None: unknown)."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _check_memory(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) -> None:
+    """Refuse, before anything is allocated, shapes whose tensors cannot fit in the device's free memory."""
+    weights, inputs = memory_needed(config, vocab, draft_vocab, rank)
+    free = available_memory(config.device)
+    if free is not None and weights + inputs > free:
+        raise DsparkError(f"this benchmark needs about {_gib(weights + inputs)} of memory ({_gib(weights)} of "
+                          f"Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, and {_gib(inputs)} of logit "
+                          f"rows for batch {max(config.batches)} x block {config.block}) but {config.device} has "
+                          f"{_gib(free)} free; pass smaller --vocab, --rank, --batch or --block.")  # fmt: skip
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:,.1f} GiB"
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
@@ -648,7 +699,8 @@ def _interpreter_active() -> bool:
 def _bench_batch(config: BenchConfig, head: Head, temperature: float, batch: int, report: BenchReport) -> list[Row]:
     """Rows of one (format, temperature, batch): dense once (checked on every k's inputs, timed on the first),
     then per k the shared selection and methods 2-4. Each method is checked before it is timed."""
-    gen = torch.Generator(config.device).manual_seed(config.seed * 1_000_003 + batch * 1009 + round(temperature * 97))
+    seed = (config.seed * 1_000_003 + batch * 1009 + round(temperature * 97)) % 2**64  # manual_seed takes 64 bits
+    gen = torch.Generator(config.device).manual_seed(seed)
     dense_rows: dict[str, Row] = {}  # by mode
     dense_runs: list[_Variant] = []  # dense on the first k's inputs, timed once every k is checked
     rows: list[Row] = []

@@ -11,10 +11,11 @@ import contextlib
 import json
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 from dspark_cli.errors import DsparkError
 
@@ -26,7 +27,16 @@ QUANT_CONFIG_FILE = "hf_quant_config.json"  # ModelOpt's legacy quantization con
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+# The safetensors library refuses a header longer than MAX_HEADER_SIZE = 100_000_000 bytes (safetensors/src/tensor.rs;
+# decimal, not 100 MiB), so vLLM cannot load one either.
+MAX_HEADER_BYTES = 100_000_000
+# Tensors per draft checkpoint (all files together). A DSpark draft has 11 per layer plus about 10 (DeepSpec's 5-layer
+# drafts: 65), so 10,000 leaves room for ~900 layers; a header of a million tiny entries would otherwise cost
+# minutes and gigabytes (docs/validate.md, "Limits").
+MAX_TENSORS = 10_000
+MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, the shard index, hf_quant_config.json: real ones are a few MB at most
+MAX_JSON_DEPTH = 100  # nesting of objects/arrays; real configs nest fewer than 10 levels
+SKIPPED_FOLDERS = (".cache", ".git")  # huggingface_hub local_dir metadata, a git clone's object store
 
 # safetensors dtype string -> bytes per element
 DTYPE_BYTES = {
@@ -84,6 +94,7 @@ class Checkpoint:
     revision: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # every file in the checkpoint, relative names
+    skipped: list[str] = field(default_factory=list)  # entries that are not its files (links leading out, FIFOs)
     index: dict[str, Any] | None = None  # model.safetensors.index.json, when sharded
     shards: dict[str, dict[str, TensorInfo]] = field(default_factory=dict)  # file -> name -> info
     hf_quant_config: dict[str, Any] | None = None  # hf_quant_config.json, when present
@@ -177,46 +188,132 @@ def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> C
 
 
 def read_json(path: Path, what: str) -> Any:
+    """Parse a checkpoint's JSON file (`what` names it in messages): a regular file of at most MAX_JSON_BYTES."""
+    with open_regular(path, what, limit=MAX_JSON_BYTES) as handle:
+        data = handle.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
+        raise CheckpointError("DSP501", f"{path} grew beyond the {MAX_JSON_BYTES}-byte limit while being read; "
+                              "check the file.")
+    return parse_json_text(data, str(path))
+
+
+@contextlib.contextmanager
+def open_regular(path: Path, what: str, limit: int | None) -> Iterator[BinaryIO]:
+    """Open `path` for reading only if it is a regular file (of at most `limit` bytes); never blocks on a FIFO."""
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise CheckpointError("DSP501", f"{path} is missing; a checkpoint folder needs its {what}.") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError("DSP501", f"{path} could not be read ({error}); check the file.") from None
+    except OSError as error:
+        raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(
+                "DSP501", f"{path} is not a regular file (a folder, FIFO or device); the {what} must be a file."
+            )
+        if limit is not None and info.st_size > limit:
+            raise CheckpointError(
+                "DSP501", f"{path} has {info.st_size} bytes, more than the {limit}-byte limit for a {what}; "
+                "it is not a real one, check the file."
+            )
+        yield handle
+
+
+def parse_json_text(
+    text: str | bytes, where: str, fix: str = "re-download or fix the file", *, code: str = "DSP502",
+    invalid: str = "is not valid JSON",
+) -> Any:
+    """json.loads with one-sentence errors (CheckpointError `code`) for invalid, undecodable or absurdly nested JSON.
+
+    Every JSON reader of dspark goes through here: Python's parser raises RecursionError on deep nesting.
+    The sentence is "{where} {invalid} ({detail}); {fix}."."""
     try:
-        return json.loads(text)
+        document = json.loads(text)
+    except RecursionError:
+        document = None  # reported below, like any nesting deeper than MAX_JSON_DEPTH
     except json.JSONDecodeError as error:
-        raise CheckpointError(
-            "DSP502", f"{path} is not valid JSON (line {error.lineno}: {error.msg}); re-download or fix the file."
-        ) from None
+        raise CheckpointError(code, f"{where} {invalid} (line {error.lineno}: {error.msg}); {fix}.") from None
+    except (UnicodeDecodeError, ValueError) as error:  # bad UTF-8; an integer of more than 4300 digits
+        raise CheckpointError(code, f"{where} {invalid} ({error}); {fix}.") from None
+    else:
+        if _json_depth_within(document, MAX_JSON_DEPTH):
+            return document
+    raise CheckpointError(
+        code, f"{where} nests JSON objects or arrays more than {MAX_JSON_DEPTH} levels deep, which no real "
+        f"file does; {fix}."
+    )
+
+
+def _json_depth_within(document: Any, limit: int) -> bool:
+    """Whether at most `limit` objects/arrays nest in `document` ("[]" is 1 deep); iterative, so deep input is safe."""
+    level, depth = [document], 0
+    while True:
+        containers = [node for node in level if isinstance(node, (dict, list))]
+        if not containers:
+            return True
+        depth += 1
+        if depth > limit:
+            return False
+        level = [child for node in containers for child in (node.values() if isinstance(node, dict) else node)]
 
 
 def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[str, TensorInfo]:
     """Parse and check one safetensors header: JSON, known dtypes, sizes that match shapes, in-file, no overlap."""
     file_name = file_name or path.name
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
+    with open_regular(path, "safetensors weights file", limit=None) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise CheckpointError("DSP503", f"{path} is too short to be a safetensors file; re-download it.")
             (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+            if header_len > MAX_HEADER_BYTES:
                 raise CheckpointError(
-                    "DSP503",
-                    f"{path} declares a {header_len}-byte header but the file has {size} bytes; "
+                    "DSP503", f"{path} declares a {header_len}-byte header, more than the {MAX_HEADER_BYTES} bytes "
+                    "the safetensors library accepts; the file is corrupt or not safetensors, re-download it."
+                )
+            if 8 + header_len > size:
+                raise CheckpointError(
+                    "DSP503", f"{path} declares a {header_len}-byte header but the file has {size} bytes; "
                     "the file is truncated or not safetensors, re-download it.",
                 )
-            raw = handle.read(header_len)
-    except OSError as error:
-        raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError("DSP503", f"{path} has a safetensors header that is not valid JSON; re-download it.") from None
+            raw = _read_counting_tensors(handle, header_len, path)
+        except OSError as error:
+            raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
+    header = parse_json_text(raw, f"{path}'s safetensors header", "re-download the file", code="DSP503")
     if not isinstance(header, dict):
         raise CheckpointError("DSP503", f"{path} has a safetensors header that is not a JSON object; re-download it.")
+    _check_tensor_count(len(header) - ("__metadata__" in header), path)
     return _tensor_infos(header, path, file_name, data_start=8 + header_len, size=size)
+
+
+def _read_counting_tensors(handle: BinaryIO, length: int, path: Path) -> bytes:
+    """Read a `length`-byte header in 1 MiB chunks, stopping once it has declared more than MAX_TENSORS tensors.
+
+    Every tensor entry has a "data_offsets" key (inside a string its quotes would be escaped), so counting that
+    key bounds the work before json.loads builds a dict per entry.
+    """
+    key = b'"data_offsets"'
+    chunks, count, tail = [], 0, b""
+    while length > 0:
+        chunk = handle.read(min(length, 1 << 20))
+        if not chunk:
+            break
+        count += (tail + chunk).count(key)  # `tail` is shorter than `key`: a match is counted in one window only
+        _check_tensor_count(count, path)
+        chunks.append(chunk)
+        tail = chunk[-(len(key) - 1):]
+        length -= len(chunk)
+    return b"".join(chunks)
+
+
+def _check_tensor_count(count: int, where: Path) -> None:
+    if count > MAX_TENSORS:
+        raise CheckpointError(
+            "DSP503", f"{where} declares {count} or more tensors, more than the {MAX_TENSORS} dspark reads from a "
+            "draft (which has a few dozen); the checkpoint is corrupt or not a draft."
+        )
 
 
 def _tensor_infos(header: dict, path: Path, file_name: str, data_start: int, size: int) -> dict[str, TensorInfo]:
@@ -296,14 +393,69 @@ def _is_int_list(value: Any) -> bool:
 
 def _open_local(source: str, root: Path) -> Checkpoint:
     ckpt = Checkpoint(source=source, local_dir=root)
-    ckpt.files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    ckpt.config = _config_object(read_json(root / CONFIG_FILE, "config.json"), root / CONFIG_FILE)
-    if (root / QUANT_CONFIG_FILE).is_file():
-        ckpt.hf_quant_config = _config_object(read_json(root / QUANT_CONFIG_FILE, QUANT_CONFIG_FILE),
-                                              root / QUANT_CONFIG_FILE)
+    ckpt.files, ckpt.skipped = list_checkpoint_files(root)
+    ckpt.config = _config_object(read_json(_member(ckpt, CONFIG_FILE), CONFIG_FILE), root / CONFIG_FILE)
+    if (root / QUANT_CONFIG_FILE).exists() or (root / QUANT_CONFIG_FILE).is_symlink():
+        quant_path = _member(ckpt, QUANT_CONFIG_FILE)
+        ckpt.hf_quant_config = _config_object(read_json(quant_path, QUANT_CONFIG_FILE), quant_path)
+    total = 0
     for name in _weight_files(ckpt, root):
-        ckpt.shards[name] = read_safetensors_header(root / name, name)
+        ckpt.shards[name] = read_safetensors_header(_member(ckpt, name), name)
+        total += len(ckpt.shards[name])
+        _check_tensor_count(total, root)
     return ckpt
+
+
+def list_checkpoint_files(root: Path) -> tuple[list[str], list[str]]:
+    """(members, skipped): relative names of the checkpoint's regular files, judged by their path inside `root`
+    only, and of the other entries found (skipped folders are not entered, so not listed).
+
+    Skipped: folders named in SKIPPED_FOLDERS, anything that is not a regular file (folders, FIFOs, devices), and
+    symlinks that resolve outside `root` -- except, in a Hugging Face cache snapshot
+    (`models--org--name/snapshots/<commit>`), links into that same repo folder's `blobs/`, which is how the cache
+    stores every file. Symlinked folders are not entered.
+    """
+    root_real = root.resolve()
+    blobs = _hub_blobs_folder(root_real)
+    names, skipped = [], []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d not in SKIPPED_FOLDERS)
+        for file in files:
+            path = Path(folder, file)
+            (names if _is_member(path, root_real, blobs) else skipped).append(path.relative_to(root).as_posix())
+    return sorted(names), sorted(skipped)
+
+
+def _hub_blobs_folder(root_real: Path) -> Path | None:
+    """`<cache>/models--org--name/blobs` when `root_real` is a snapshot folder of a Hugging Face cache."""
+    snapshots, repo = root_real.parent, root_real.parent.parent
+    if snapshots.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+        return (repo / "blobs").resolve()
+    return None
+
+
+def _is_member(path: Path, root_real: Path, blobs: Path | None) -> bool:
+    """A regular file inside the checkpoint (after resolving symlinks), or a cache snapshot link into `blobs`."""
+    try:
+        real = path.resolve(strict=True)
+        is_file = stat.S_ISREG(real.stat().st_mode)
+    except (OSError, RuntimeError):  # dangling link, link loop
+        return False
+    inside = root_real in real.parents or (blobs is not None and real.parent == blobs)
+    return is_file and inside
+
+
+def _member(ckpt: Checkpoint, name: str) -> Path:
+    """Path of a file the checkpoint must hold; a link leading outside it, or a non-file, is refused."""
+    path = ckpt.local_dir / name
+    if name in ckpt.files or not (path.exists() or path.is_symlink()):
+        return path  # missing files are reported by the reader, which knows what the file is for
+    if not path.is_symlink() and not path.is_file():
+        raise CheckpointError("DSP501", f"{path} is not a regular file (a folder, FIFO or device); it must be a file.")
+    raise CheckpointError(
+        "DSP501", f"{path} is not one of the checkpoint's files (a link leading outside the folder or to something "
+        "that is not a regular file); dspark reads only regular files inside the checkpoint, put the real file there."
+    )
 
 
 def _config_object(config: Any, path: Path | str) -> dict:
@@ -315,10 +467,10 @@ def _config_object(config: Any, path: Path | str) -> dict:
 def _weight_files(ckpt: Checkpoint, root: Path) -> list[str]:
     """Shard names from the index (checked to stay inside the folder), else model.safetensors, else *.safetensors."""
     index_path = root / INDEX_FILE
-    if index_path.exists():
-        ckpt.index = read_json(index_path, INDEX_FILE)
-        return _index_shards(ckpt.index, index_path, root)
-    if (root / SINGLE_FILE).exists():
+    if index_path.exists() or index_path.is_symlink():
+        ckpt.index = read_json(_member(ckpt, INDEX_FILE), INDEX_FILE)
+        return _index_shards(ckpt, index_path)
+    if (root / SINGLE_FILE).exists() or (root / SINGLE_FILE).is_symlink():
         return [SINGLE_FILE]
     found = sorted(name for name in ckpt.files if name.endswith(".safetensors"))
     if not found:
@@ -329,7 +481,8 @@ def _weight_files(ckpt: Checkpoint, root: Path) -> list[str]:
     return found
 
 
-def _index_shards(index: Any, index_path: Path, root: Path) -> list[str]:
+def _index_shards(ckpt: Checkpoint, index_path: Path) -> list[str]:
+    index = ckpt.index
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError("DSP508", f"{index_path} has no valid 'weight_map' object; re-download the index.")
@@ -340,7 +493,7 @@ def _index_shards(index: Any, index_path: Path, root: Path) -> list[str]:
             raise CheckpointError(
                 "DSP509", f"{index_path} names shard {name!r} outside the checkpoint folder; refusing to read it."
             )
-        if not (root / name).is_file():
+        if name not in ckpt.files and not (ckpt.local_dir / name).exists():
             raise CheckpointError(
                 "DSP510", f"{index_path} names shard {name!r}, which is missing; the download is incomplete."
             )

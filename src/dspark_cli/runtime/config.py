@@ -73,8 +73,9 @@ class DraftConfig:
     markov_head_type: str | None
     enable_confidence_head: bool
     confidence_head_with_markov: bool
-    sample_from_anchor: bool
-    logit_scale: float
+    sample_from_anchor: bool  # the layout the draft was trained in (N queries when True, 1+N when False)
+    vllm_bonus_anchor: bool  # dspark_bonus_anchor: the only layout key vLLM's DSpark speculator reads
+    logit_scale: float  # used as is, like vLLM (rules warn when it is not positive)
     use_aux_hidden_state: bool
     num_target_layers: int | None
     dspark_draft_topk: int | None
@@ -136,8 +137,8 @@ class DraftConfig:
             num_key_value_heads=_int(view.get("num_key_value_heads", heads)),
             head_dim=head_dim,
             vocab_size=vocab,
-            draft_vocab_size=_int(view.get("draft_vocab_size", vocab)),
-            target_hidden_size=_int(view.get("target_hidden_size", hidden)),
+            draft_vocab_size=_int(_or_default(view.get("draft_vocab_size"), vocab)),
+            target_hidden_size=_int(_or_default(view.get("target_hidden_size"), hidden)),
             rms_norm_eps=_float(view.get("rms_norm_eps"), 1e-6),
             rope_theta=_rope_theta(view),
             attention_bias=bool(view.get("attention_bias", False)),
@@ -152,7 +153,8 @@ class DraftConfig:
             # Newer vLLM defaults to False when the key is missing; DeepSpec always writes it.
             confidence_head_with_markov=bool(dspark_keys.get("confidence_head_with_markov", False)),
             sample_from_anchor=_sample_from_anchor(view, dflash),
-            logit_scale=_float(view.get("logit_scale"), 1.0),
+            vllm_bonus_anchor=bool(view.get("dspark_bonus_anchor", False)),
+            logit_scale=_number(view.get("logit_scale"), 1.0),
             use_aux_hidden_state=bool(dflash.get("use_aux_hidden_state", view.get("use_aux_hidden_state", True))),
             num_target_layers=_int(view.get("num_target_layers")),
             dspark_draft_topk=_int(view.get("dspark_draft_topk")),
@@ -200,7 +202,10 @@ class TargetConfig:
 
 
 def resolve_mask_token(raw: dict[str, Any]) -> Resolved:
+    """vLLM's DFlash model reads `dflash_config.get("mask_token_id", ...)`: a null there wins (and fails)."""
     dflash = _dict(raw.get("dflash_config"))
+    if MASK_TOKEN_KEYS[0] in dflash and dflash[MASK_TOKEN_KEYS[0]] is None:
+        return Resolved(None, f"dflash_config.{MASK_TOKEN_KEYS[0]}")
     candidates = [(f"dflash_config.{MASK_TOKEN_KEYS[0]}", dflash)] + [(key, raw) for key in MASK_TOKEN_KEYS]
     return _first(*candidates)
 
@@ -333,6 +338,18 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     params = _dict(raw.get("rope_parameters")) or _dict(raw.get("rope_scaling"))
     theta = raw.get("rope_theta", params.get("rope_theta"))
     return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 1e6
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    """vLLM replaces a missing or null draft_vocab_size / target_hidden_size by its default."""
+    return default if value is None else value
+
+
+def _number(value: Any, default: float) -> float:
+    """Any real number as given (vLLM uses logit_scale as is), else `default`."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+        return float(value)
+    return default
 
 
 def _float(value: Any, default: float) -> float:

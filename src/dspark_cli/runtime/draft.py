@@ -331,20 +331,25 @@ class DSparkDraft(nn.Module):
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False,
              extra_config: dict[str, Any] | None = None) -> Path:
         """Write config.json + model.safetensors atomically (replacing `path`)."""
+        from dspark_cli.runtime.files import atomic_output_dir
+
+        path = Path(path)
+        with atomic_output_dir(path, force=True) as tmp:
+            self.write_files(tmp, dtype, include_shared, extra_config)
+        return path
+
+    def write_files(self, folder: Path, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False,
+                    extra_config: dict[str, Any] | None = None) -> None:
+        """Write config.json + model.safetensors into the existing `folder` (callers make it atomic)."""
         import json
 
         from safetensors.torch import save_file
 
-        from dspark_cli.runtime.files import atomic_output_dir
-
-        path = Path(path)
         config = {**self.config.raw, **(extra_config or {}), "torch_dtype": str(dtype).removeprefix("torch.")}
         config.pop("quantization_config", None)
-        with atomic_output_dir(path, force=True) as tmp:
-            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-            save_file(self.state_for_save(dtype, include_shared), str(tmp / "model.safetensors"),
-                      metadata={"format": "pt"})
-        return path
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(self.state_for_save(dtype, include_shared), str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
 
     def num_parameters(self) -> int:
         return sum(math.prod(p.shape) for p in self.parameters())

@@ -95,16 +95,6 @@ def _txt_prompts(text: str) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
-def encode_prompt(tokenizer, text: str, chat: bool, thinking: bool) -> list[int]:
-    """Token ids of one prompt: the chat template with one user turn and the generation prompt
-    (enable_thinking passed through), or the raw text."""
-    if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True, enable_thinking=thinking)  # fmt: skip
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
-
-
 # --- one prompt's record and the run file -----------------------------------------------------------------------
 
 

@@ -1,28 +1,147 @@
-"""Atomic file and folder output: write beside the destination, then rename."""
+"""Safe output: never write over an input, write beside the destination and rename, create outputs exclusively.
+
+Every command that writes goes through this module:
+  - `refuse_input_overlap`: an output path must not be, contain or lie inside any input (symlinks resolved);
+  - `check_output_file`: the same for a single output file (--json, --plot), plus "not a folder, parent writable",
+    checked before any long run;
+  - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
+  - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
+    (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
+Files and folders are created with the usual modes (0666 / 0777 minus the umask), as other tools do.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Union
 
 from dspark_cli.errors import DsparkError
 
+PathLike = Union[str, "os.PathLike[str]"]
+NamedInput = tuple[str, PathLike]  # (what it is, e.g. "input checkpoint", its path)
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+# --- modes --------------------------------------------------------------------------------------------------------
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux), else by setting it back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    return 0o777 & ~current_umask()
+
+
+# --- overlap with inputs -----------------------------------------------------------------------------------------
+
+
+def real_path(path: PathLike) -> Path:
+    """Absolute path with every existing symlink resolved (the path itself need not exist)."""
+    return Path(os.path.realpath(os.path.abspath(os.path.expanduser(os.fspath(path)))))
+
+
+def refuse_input_overlap(output: PathLike, inputs: Iterable[NamedInput], what: str = "output") -> None:
+    """Raise DsparkError (exit 2) when `output` is, contains or lies inside one of `inputs` (symlinks resolved).
+
+    `inputs` are (description, path) pairs; a None path is skipped. `what` names the output in the message.
+    """
+    out = real_path(output)
+    for description, path in inputs:
+        if path is None:
+            continue
+        source = real_path(path)
+        if out == source:
+            raise DsparkError(f"{what} {output} is the {description} {path}; choose another path.")
+        if source in out.parents:
+            raise DsparkError(f"{what} {output} is inside the {description} {path}; choose a path outside it.")
+        if out in source.parents:
+            raise DsparkError(f"{what} {output} contains the {description} {path}; choose a path that holds no "
+                              "input.")
+
+
+def local_inputs(description: str, sources: Iterable[PathLike | None]) -> list[NamedInput]:
+    """(description, path) for each source that exists on disk (hub ids and None are left out)."""
+    return [(description, source) for source in sources
+            if source is not None and os.path.lexists(os.path.expanduser(os.fspath(source)))]
+
+
+def check_output_file(path: PathLike | None, inputs: Iterable[NamedInput], what: str) -> None:
+    """Refuse, before any work, an output file that would overwrite an input or cannot be written.
+
+    None and "-" (stdout) pass. Refused: a path that is or lies inside an input, an existing folder or other
+    non-regular file, a path whose nearest existing parent is not a writable folder.
+    """
+    if path is None or os.fspath(path) == "-":
+        return
+    path = Path(os.path.expanduser(os.fspath(path)))
+    refuse_input_overlap(path, inputs, what)
+    if path.is_dir():
+        raise DsparkError(f"{what} {path} is a folder; give a file name.")
+    if path.exists() and not path.is_file():
+        raise DsparkError(f"{what} {path} exists and is not a regular file; give another file name.")
+    check_writable_parent(path, what)
+
+
+def check_writable_parent(path: PathLike, what: str) -> None:
+    """Refuse `path` when its nearest existing parent is not a folder this process may create entries in."""
+    parent = Path(os.path.abspath(os.path.expanduser(os.fspath(path)))).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DsparkError(f"{what} {path}: {parent} is not a folder; choose another path.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DsparkError(f"{what} {path}: the folder {parent} is not writable; choose another path.")
+
+
+# --- reading inputs ------------------------------------------------------------------------------------------------
+
+
+# --- atomic files --------------------------------------------------------------------------------------------------
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write `data` to `path` so that readers see the old file or the whole new one.
+
+    A replaced file keeps its mode; a new one gets 0666 minus the umask.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = path.stat().st_mode & 0o7777 if path.is_file() else default_file_mode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise DsparkError(f"cannot write {path}: {error.strerror or error}; choose another path.") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(error, OSError):
+            raise DsparkError(f"cannot write {path}: {error.strerror or error}; nothing was written.") from None
         raise
 
 
@@ -30,26 +149,100 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# --- atomic, exclusive output folders --------------------------------------------------------------------------------
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_renameat2 = _load_renameat2()
+
+
+def rename_noreplace(source: Path, destination: Path) -> None:
+    """Rename `source` to `destination`; FileExistsError when `destination` exists (never replaced).
+
+    Linux: renameat2(RENAME_NOREPLACE), atomic. Elsewhere (or on file systems without it): a check then rename,
+    where rename itself still refuses a non-empty destination folder.
+    """
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(destination), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), str(destination))  # EEXIST becomes FileExistsError
+    if os.path.lexists(destination):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(destination))
+    try:
+        os.rename(source, destination)
+    except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(destination)) from None
+        raise
+
+
+def _exists_message(out: Path) -> str:
+    return f"{out} already exists; choose another output folder or pass --force to replace it."
+
+
 @contextlib.contextmanager
 def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `out`; on success it replaces `out`, on any error it is removed.
+    """Yield a temporary folder beside `out`; on success it becomes `out`, on any error it is removed.
 
-    `out` is never overwritten unless `force`; Ctrl-C leaves nothing behind.
+    Without `force`, `out` is created exclusively: if it exists at the start, or appears while the folder is
+    being written (another run), DsparkError and nothing is replaced. With `force` the old `out` is moved aside
+    under a unique name and deleted only once the new one is in place. Ctrl-C / SIGTERM leave nothing behind.
     """
     out = Path(out)
-    if out.exists() and not force:
-        raise DsparkError(f"{out} already exists; choose another output folder or pass --force to replace it.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    if os.path.lexists(out) and not force:
+        raise DsparkError(_exists_message(out))
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as error:
+        raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output folder.") from None
+    try:
+        os.chmod(tmp, default_dir_mode())
         yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
+        if force:
+            _replace_folder(tmp, out)
         else:
-            os.replace(tmp, out)
+            _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    try:
+        rename_noreplace(tmp, out)
+    except FileExistsError:
+        raise DsparkError(f"{out} appeared while this output was being written (another run?); it was left as "
+                          "it is and nothing was written. Choose another output folder or pass --force.") from None
+
+
+def _replace_folder(tmp: Path, out: Path) -> None:
+    """Put `tmp` at `out`, moving an existing `out` aside first and deleting it last."""
+    if not os.path.lexists(out):
+        _publish(tmp, out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    old = aside / "previous"
+    os.replace(out, old)
+    try:
+        _publish(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):  # put the old output back; if that fails it stays in `aside`
+            rename_noreplace(old, out)
+            aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

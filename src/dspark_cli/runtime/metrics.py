@@ -11,6 +11,7 @@ after the anchor. Pure Python: no torch needed.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass, field
 
 ECE_BINS = 20
@@ -147,6 +148,7 @@ class Summary:
     accept_rate: list[float | None]  # DeepSpec: rounds with accepted > j / rounds with proposed > j
     acceptance_conditional: list[float | None]  # P(j accepted | 0..j-1 accepted, j proposed)
     calibration: ConfidenceCalibration | None
+    calibration_unavailable: str | None  # why calibration is None although rounds carry confidences
     ttft_ms: float | None
     tpot_ms: float | None
     tokens_per_s: float | None
@@ -211,11 +213,22 @@ def calibration(predicted: list[float], outcomes: list[bool]) -> Calibration:
     )
 
 
+def calibration_problem(rounds: list[RoundRecord]) -> str | None:
+    """Why the confidences of these rounds cannot be scored (a value that is not a probability), or None."""
+    scored = [r for r in rounds if r.confidences is not None]
+    broken = [r for r in scored if not all(math.isfinite(c) and 0.0 <= c <= 1.0 for c in r.confidences)]
+    if not broken:
+        return None
+    bad = next(c for c in broken[0].confidences if not (math.isfinite(c) and 0.0 <= c <= 1.0))
+    return (f"the confidence head gave values that are not probabilities (e.g. {bad}) in {len(broken)} of "
+            f"{len(scored)} rounds; its weights are probably corrupt (NaN or inf)")
+
+
 def _confidence_calibration(rounds: list[RoundRecord], block_size: int) -> ConfidenceCalibration | None:
     survival_pairs: list[list[tuple[float, bool]]] = [[] for _ in range(block_size)]
     per_slot_pairs: list[list[tuple[float, bool]]] = [[] for _ in range(block_size)]
     scored = [r for r in rounds if r.confidences is not None]
-    if not scored:
+    if not scored or calibration_problem(scored) is not None:
         return None
     for r in scored:
         survival = 1.0
@@ -297,6 +310,7 @@ def summarize(
             for j in range(block_size)
         ],
         calibration=_confidence_calibration(rounds, block_size),
+        calibration_unavailable=calibration_problem(rounds),
         ttft_ms=ttft_ms,
         tpot_ms=tpot_ms,
         tokens_per_s=tokens_per_s,

@@ -9,7 +9,8 @@ the drafting report). The output folder holds:
   - config.json with `quantization_config` and hf_quant_config.json, both MIXED_PRECISION with one
     `quantized_layers` entry, `model.markov_head.markov_w2` (the prefix vLLM gives the layer; docs/quantize.md);
   - an updated model.safetensors.index.json when the checkpoint is sharded.
-The folder is written beside OUT and renamed at the end (runtime/files.atomic_output_dir). NVFP4 math lives in
+The folder is written beside OUT, re-read and checked (runtime/quantize_verify.py), and renamed at the end
+(runtime/files.atomic_output_dir). NVFP4 math lives in
 kernels/nvfp4.py; this module only checks, reports and writes.
 """
 
@@ -39,8 +40,10 @@ from dspark_cli.runtime.checkpoint import (
     Checkpoint,
     TensorInfo,
     open_checkpoint,
+    parse_json_text,
 )
-from dspark_cli.runtime.files import atomic_output_dir
+from dspark_cli.runtime.files import atomic_output_dir, check_writable_parent, refuse_input_overlap
+from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
 MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
 MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
@@ -159,7 +162,8 @@ def quantize_checkpoint(
     del w2, w2_nvfp4_bf16  # only the NVFP4 weight is kept while writing
 
     with atomic_output_dir(out, force) as folder:
-        linked, copied = write_quantized_checkpoint(ckpt, w2_info, weight, folder)
+        linked, copied = write_quantized_checkpoint(ckpt, w2_info, weight, folder, report_warnings)
+        verify_quantized_output(ckpt, folder)  # before the rename: a failure leaves nothing
 
     return QuantizeReport(
         source=ckpt.source,
@@ -208,18 +212,9 @@ def _local_checkpoint(source: str | os.PathLike, revision: str | None) -> Checkp
 
 
 def _check_output_folder(ckpt: Checkpoint, out: Path, force: bool) -> None:
-    source_dir = ckpt.local_dir.resolve()
-    target = out.expanduser().resolve()
-    if target == source_dir or source_dir in target.parents:
-        raise DsparkError(
-            f"Output folder {out} is inside the input checkpoint {ckpt.local_dir}; choose a folder outside it."
-        )
-    if target in source_dir.parents:
-        raise DsparkError(
-            f"Output folder {out} contains the input checkpoint {ckpt.local_dir}, which replacing it would delete; "
-            "choose another output folder."
-        )
-    if out.exists() and not force:
+    refuse_input_overlap(out, [("input checkpoint", ckpt.local_dir)], "output folder")
+    check_writable_parent(out, "output folder")
+    if os.path.lexists(out) and not force:
         raise DsparkError(f"{out} already exists; choose another output folder or pass --force to replace it.")
 
 
@@ -442,9 +437,14 @@ def quant_configs() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def write_quantized_checkpoint(
-    ckpt: Checkpoint, w2_info: TensorInfo, weight: NVFP4Weight, folder: Path
+    ckpt: Checkpoint, w2_info: TensorInfo, weight: NVFP4Weight, folder: Path, warnings_out: list[str] | None = None
 ) -> tuple[list[str], list[str]]:
-    """Fill `folder` with the quantized checkpoint; returns (hard-linked files, copied files)."""
+    """Fill `folder` with the quantized checkpoint; returns (hard-linked files, copied files).
+
+    Only the checkpoint's own files are linked or copied (regular files inside it: `Checkpoint.files`; opening it
+    already refused a weight shard that leads elsewhere); each skipped entry is named in `warnings_out`. Files keep
+    their modes.
+    """
     linked: list[str] = []
     copied: list[str] = []
     new_tensors = {
@@ -452,6 +452,9 @@ def write_quantized_checkpoint(
         MARKOV_W2_SCALE: weight.scale,  # float8_e4m3fn [Vd, r/16]
         MARKOV_W2_GLOBAL_SCALE: weight.global_scale.reshape(()),  # float32 [] (vLLM and ModelOpt write a scalar)
     }
+    if warnings_out is not None:
+        warnings_out.extend(f"{name} was not copied: it is not a regular file inside the checkpoint (a link leading "
+                            "outside it, a FIFO or a device)." for name in ckpt.skipped)
     for name in ckpt.files:
         if name in (CONFIG_FILE, INDEX_FILE):
             continue  # written below
@@ -460,17 +463,19 @@ def write_quantized_checkpoint(
         target.parent.mkdir(parents=True, exist_ok=True)
         if name == w2_info.file:
             rewrite_safetensors(source, target, drop=MARKOV_W2, add=new_tensors)
+            shutil.copymode(source, target)
         elif name.endswith(".safetensors"):
             (linked if _link_or_copy(source, target) else copied).append(name)
         else:
-            shutil.copyfile(source, target)
+            _copy_with_mode(source, target)
             copied.append(name)
     hf_quant_config, quantization_config = quant_configs()
     config = {**ckpt.config, "quantization_config": quantization_config}
-    _write_json(folder / CONFIG_FILE, config)
+    _write_json(folder / CONFIG_FILE, config, mode_from=ckpt.local_dir / CONFIG_FILE)
     _write_json(folder / QUANT_CONFIG_FILE, hf_quant_config)
     if ckpt.index is not None:
-        _write_json(folder / INDEX_FILE, _updated_index(ckpt, w2_info, new_tensors))
+        _write_json(folder / INDEX_FILE, _updated_index(ckpt, w2_info, new_tensors),
+                    mode_from=ckpt.local_dir / INDEX_FILE)
     return linked, copied
 
 
@@ -480,12 +485,20 @@ def _link_or_copy(source: Path, target: Path) -> bool:
         os.link(source.resolve(), target)
         return True
     except OSError:
-        shutil.copyfile(source, target)
+        _copy_with_mode(source, target)
         return False
 
 
-def _write_json(path: Path, document: dict[str, Any]) -> None:
+def _copy_with_mode(source: Path, target: Path) -> None:
+    shutil.copyfile(source, target)
+    shutil.copymode(source, target)  # a 0600 file stays 0600
+
+
+def _write_json(path: Path, document: dict[str, Any], mode_from: Path | None = None) -> None:
+    """Write a JSON file; with `mode_from` (the input file it replaces) it takes that file's mode."""
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    if mode_from is not None and mode_from.is_file():
+        shutil.copymode(mode_from, path)
 
 
 def _updated_index(ckpt: Checkpoint, w2_info: TensorInfo, new_tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -549,7 +562,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The raw safetensors header (incl. __metadata__) and the file offset where its data starts."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length)), 8 + length
+        return parse_json_text(handle.read(length), f"{path}'s safetensors header", code="DSP503"), 8 + length
 
 
 def _copy_range(src: BinaryIO, dst: BinaryIO, begin: int, end: int) -> None:

@@ -55,7 +55,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP017": (ERROR, "target_layer_ids missing or malformed"),
     "DSP018": (ERROR, "target_layer_ids not strictly increasing"),
     "DSP019": (ERROR, "target layer id outside the target's depth"),
-    "DSP020": (ERROR, "draft_vocab_size larger than the target vocabulary"),
+    "DSP020": (WARNING, "draft_vocab_size larger than the target vocabulary"),
     "DSP021": (WARNING, "confidence head enabled but no confidence_head weights"),
     "DSP022": (WARNING, "confidence_head weights present but the head is not enabled"),
     "DSP023": (WARNING, "confidence_head_with_markov missing"),
@@ -67,6 +67,9 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP029": (WARNING, "use_aux_hidden_state is false"),
     "DSP030": (INFO, "1+N (bonus-anchor) query layout"),
     "DSP031": (WARNING, "num_target_layers differs from the target's depth"),
+    "DSP032": (WARNING, "logit_scale is not a positive number"),
+    "DSP033": (ERROR, "dspark_bonus_anchor contradicts the trained query layout"),
+    "DSP034": (ERROR, "target_layer_ids include the target's last decoder layer"),
     # vLLM load errors (dspark-format.md §1.3)
     "DSP100": (INFO, "no --target: target vocabulary assumed equal to vocab_size"),
     "DSP101": (ERROR, "expanded input vocab without embed_tokens"),
@@ -74,17 +77,18 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP103": (ERROR, "reduced draft vocab without d2t"),
     "DSP104": (INFO, "embed_tokens shared from the target"),
     "DSP105": (INFO, "lm_head shared from the target"),
-    "DSP106": (WARNING, "d2t shipped with a full draft vocabulary"),
+    "DSP106": (ERROR, "d2t shipped with a full draft vocabulary"),
     # tensors (dspark-format.md §1.2)
     "DSP201": (ERROR, "required tensor missing"),
     "DSP202": (ERROR, "tensor has the wrong shape"),
     "DSP203": (ERROR, "weight with a non-floating dtype"),
-    "DSP204": (ERROR, "d2t is not int64"),
-    "DSP205": (WARNING, "unexpected tensor"),
+    "DSP204": (WARNING, "d2t is not an integer tensor"),
+    "DSP205": (ERROR, "tensor vLLM has no parameter for"),
     "DSP206": (INFO, "t2d is ignored by vLLM"),
     "DSP207": (INFO, "mask_embedding is ignored by vLLM"),
     "DSP208": (INFO, "DFlash alias tensor names"),
     "DSP209": (ERROR, "tensor names carry a model. prefix"),
+    "DSP210": (WARNING, "bias vLLM has no parameter for (ignored on load)"),
     # NVFP4 (nvfp4.md §4-5)
     "DSP301": (ERROR, "NVFP4 packed weight has the wrong dtype or shape"),
     "DSP302": (ERROR, "NVFP4 weight_scale missing or wrong"),
@@ -94,12 +98,13 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP306": (ERROR, "NVFP4 tensors without a quantization config"),
     "DSP307": (ERROR, "quantization config vLLM cannot parse"),
     "DSP308": (ERROR, "NVFP4 layer not marked W4A16_NVFP4 by the quantization config"),
-    "DSP309": (ERROR, "config.json and hf_quant_config.json disagree"),
+    "DSP309": (WARNING, "hf_quant_config.json differs from config.json (vLLM ignores it)"),
     "DSP310": (ERROR, "layer claimed quantized but stored unquantized"),
     "DSP311": (ERROR, "W4A4 NVFP4 layer without input_scale"),
     "DSP312": (WARNING, "quantization config only in hf_quant_config.json"),
     "DSP313": (WARNING, "quantization config is not ModelOpt's"),
     "DSP314": (INFO, "NVFP4 W4A16 head"),
+    "DSP315": (WARNING, "input_scale beside a W4A16 layer"),
     # files
     "DSP401": (WARNING, "pickle weight file (never loaded)"),
     "DSP402": (ERROR, "tensor present in two shards"),
@@ -134,7 +139,10 @@ READ_ERRORS: dict[str, str] = {
 }
 
 VLLM_QUANT_ALGOS = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION"}
-MIXED_LAYER_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4"}
+# Per-layer algorithms ModelOptMixedPrecisionConfig.get_quant_method turns into a quantized linear method.
+MIXED_LAYER_ALGOS = {"FP8", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8"}
+INTEGER_DTYPES = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}  # default_weight_loader copies by value
+MARLIN_FP4_MIN_CAPABILITY = "7.5"  # ModelOptMixedPrecisionConfig / ModelOptNvFp4Config get_min_capability: 75
 NVFP4_GROUP = 16
 MARLIN_K_MULTIPLE = 64
 FLOAT_MATRIX_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -291,7 +299,7 @@ def _quant(where: str, method: Any, algo: Any, group: Any, exclude: Any, layers:
                 layer_algo = entry.get("quant_algo") if isinstance(entry, dict) else None
                 if not isinstance(layer_algo, str) or layer_algo.upper() not in MIXED_LAYER_ALGOS:
                     problems.append(f"quantized_layers[{key!r}] has quant_algo {layer_algo!r}, which vLLM leaves "
-                                    "unquantized (it accepts FP8, NVFP4, W4A16_NVFP4)")  # fmt: skip
+                                    f"unquantized (it accepts {', '.join(sorted(MIXED_LAYER_ALGOS))})")  # fmt: skip
                     continue
                 layer_group = entry.get("group_size", NVFP4_GROUP)
                 if "NVFP4" in layer_algo.upper() and layer_group != NVFP4_GROUP:
@@ -530,11 +538,25 @@ class _Validation:
             self.add("DSP030", "the draft uses the 1+N query layout (sample_from_anchor false / dspark_bonus_anchor "
                      "true): mask slot j predicts the token at its own position.", "Make sure it was trained that "
                      "way; serving a checkpoint in the wrong layout shifts every proposal by one position.")
+        self.check_anchor_keys()
         topk = view.get("dspark_draft_topk")
         vd = config.draft_vocab_size
         if topk is not None and not (_positive_int(topk) and (vd is None or topk <= vd)):
             self.add("DSP027", f"dspark_draft_topk is {topk!r}; vLLM needs 1 <= k <= draft_vocab_size ({vd}).",
                      "Set it inside that range or remove it.")
+
+    def check_anchor_keys(self) -> None:
+        """vLLM's DSpark speculator picks its layout from dspark_bonus_anchor alone (default False: N queries)."""
+        config = self.config
+        if config.vllm_bonus_anchor == (not config.sample_from_anchor):
+            return
+        bonus = config.vllm_config.get("dspark_bonus_anchor")
+        served, trained = ("1+N", "N") if config.vllm_bonus_anchor else ("N", "1+N")
+        self.add("DSP033", f"the draft was trained in the {trained} query layout but dspark_bonus_anchor is "
+                 f"{'missing' if bonus is None else repr(bonus)}; vLLM's DSpark speculator reads only "
+                 f"dspark_bonus_anchor, so it serves the {served} layout and every proposal lands one slot off.",
+                 f"Set dspark_bonus_anchor to {str(not config.sample_from_anchor).lower()} and sample_from_anchor to "
+                 f"{str(config.sample_from_anchor).lower()} (write both keys).")
 
     def check_block_mask_layers(self) -> None:
         config, view = self.config, self.config.vllm_config
@@ -555,19 +577,35 @@ class _Validation:
                          "'DFlash sliding attention requires a window size configured in "
                          "dflash_config.swa_window_size or the top-level sliding_window'.",
                          "Set sliding_window (or dflash_config.swa_window_size), or make every layer full_attention.")
+        self.check_logit_scale()
         if not config.use_aux_hidden_state:
             self.add("DSP029", "use_aux_hidden_state is false: vLLM builds no fc, drops fc.* and uses only the "
                      "target's last hidden state as context.", "Remove the key unless the draft was trained that way.")
 
+    def check_logit_scale(self) -> None:
+        raw = self.config.vllm_config.get("logit_scale", 1.0)
+        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        if not (number and 0 < raw < float("inf")):
+            self.add("DSP032", f"logit_scale is {raw!r}; vLLM multiplies the draft logits by it as is (a number <= 0 "
+                     "flattens or inverts every proposal, anything else fails at the first draft step).",
+                     "Remove logit_scale (default 1.0) unless the draft was trained with another positive scale.")
+
     def check_mask(self) -> None:
         mask = self.config.mask_token
+        if mask.source is not None and mask.value is None:
+            self.add("DSP015", f"{mask.source} is null; vLLM's DFlash/DSpark model reads that key first (a null "
+                     "counts as set) and has no mask token for parallel drafting.",
+                     f"Set {mask.source} to the mask token id, or remove the key.")
+            return
         if mask.source is None:
             self.add("DSP015", "config.json names no mask token; vLLM fails because the model config must specify "
                      f"one of dflash_config.mask_token_id, {', '.join(MASK_TOKEN_KEYS)} for parallel drafting.",
                      "Add mask_token_id (DeepSpec's Qwen3 drafts use 151669).")
             return
+        # The mask row comes from the draft's own embed_tokens [V, H] when shipped, else from the target's [T, H].
+        own_embed = any("embed_tokens" in name for name in self.tensors)
         vocab, target_vocab = self.config.vocab_size, self.target.vocab_size if self.target else None
-        bounds = [v for v in (vocab, target_vocab) if v]
+        bounds = [v for v in (vocab, None if own_embed else target_vocab) if v]
         if not _nonneg_int(mask.value) or any(mask.value >= v for v in bounds):
             raw = _lookup(self.config.vllm_config, mask.source)
             limit = min(bounds) if bounds else "vocab_size"
@@ -597,6 +635,12 @@ class _Validation:
             self.add("DSP019", f"target layer ids {outside} (from {ids.source}) are outside the target's "
                      f"{depth} layers (valid: -1 .. {depth - 1}; depth from {source}).",
                      "Use ids of layers the target has; -1 means the embedding output.")
+        elif depth - 1 in values:
+            self.add("DSP034", f"target layer id {depth - 1} (from {ids.source}) is the target's last decoder layer "
+                     f"(depth from {source}): vLLM captures a layer's output at the input of the next layer, so it "
+                     "never captures this one and fails with 'DFlash drafter expects ... concatenated aux hidden "
+                     "features', and DeepSpec refuses it (HF's hidden_states[-1] is the final norm's output).",
+                     "Retrain with earlier target layers (DeepSpec Qwen3 drafts use [1, 9, 17, 25, 33] of 36).")
 
     def target_depth(self) -> tuple[int | None, str | None]:
         if self.target:
@@ -670,16 +714,18 @@ class _Validation:
                      "Ship embed_tokens.weight [vocab_size, hidden_size] with the draft.")
         if vd > T:
             self.add("DSP020", f"draft_vocab_size {vd} is larger than the target vocabulary {T}"
-                     + ("." if self.target else " (assumed = vocab_size)."), "A draft can only propose target "
-                     "tokens: draft_vocab_size must be <= the target's vocab_size.")
-        reduced = vd != T
-        if reduced and not has_lm_head:
+                     + ("" if self.target else " (assumed = vocab_size)") + "; vLLM maps draft ids to target ids "
+                     "unchanged, so a proposal >= the target vocabulary can never be accepted.",
+                     "Fine for a draft padded to the target's embedding rows; otherwise set draft_vocab_size <= the "
+                     "target's vocab_size.")
+        if vd != T and not has_lm_head:
+            why = ("vLLM fails with: 'Reduced-vocabulary Qwen3 DSpark checkpoints must include lm_head weights; the "
+                   "full target lm_head cannot be shared.'" if vd < T else "vLLM then shares the target's lm_head, "
+                   f"whose {T} logits do not line up with the {vd} of markov_w2 / d2t.")
             self.add("DSP102", f"the draft vocabulary ({vd}) differs from the target's ({T}) and there is no "
-                     "lm_head.weight; vLLM fails with: 'Reduced-vocabulary Qwen3 DSpark checkpoints must include "
-                     "lm_head weights; the full target lm_head cannot be shared.'",
-                     "Ship lm_head.weight [draft_vocab_size, hidden_size].")
-        if reduced and not has_d2t:
-            self.add("DSP103", f"the draft vocabulary ({vd}) differs from the target's ({T}) and there is no d2t; "
+                     f"lm_head.weight; {why}", "Ship lm_head.weight [draft_vocab_size, hidden_size].")
+        if vd < T and not has_d2t:
+            self.add("DSP103", f"the draft vocabulary ({vd}) is smaller than the target's ({T}) and there is no d2t; "
                      "vLLM fails with: 'Reduced-vocabulary Qwen3 DSpark checkpoints must include a d2t mapping so "
                      "sampled draft ids can be converted to target ids.'",
                      "Ship d2t (int64 [draft_vocab_size], target_id = draft_id + d2t[draft_id]).")
@@ -688,12 +734,13 @@ class _Validation:
             self.add("DSP104", "there is no embed_tokens.weight: vLLM shares the target's embedding"
                      + (f", so the mask token's embedding is the target's row {mask}." if mask is not None else "."),
                      "Nothing to do if the draft was trained with the target's frozen embedding (DeepSpec does).")
-        if not has_lm_head and not reduced:
+        if not has_lm_head and vd == T:
             self.add("DSP105", "there is no lm_head.weight: vLLM shares the target's lm_head.",
                      "Nothing to do if the draft was trained with the target's frozen lm_head (DeepSpec does).")
-        if has_d2t and not reduced:
-            self.add("DSP106", f"d2t is shipped but the draft vocabulary equals the target's ({T}); newer vLLM "
-                     "allocates no draft_id_to_target_id for it, so the tensor is unused or fails to load.",
+        if has_d2t and vd >= T:
+            self.add("DSP106", f"d2t is shipped but draft_vocab_size ({vd}) is not smaller than the target vocabulary "
+                     f"({T}); vLLM allocates draft_id_to_target_id only for a reduced vocabulary, so its weight "
+                     "loader fails with 'There is no module or parameter named draft_id_to_target_id'.",
                      "Drop d2t, or set draft_vocab_size to the reduced vocabulary it maps.")
 
     # -- tensors (DSP2xx) --
@@ -719,17 +766,26 @@ class _Validation:
             elif name not in self.nvfp4_weights:
                 self.check_tensor(spec, info)
         nvfp4_extras = {f"{w.rsplit('.', 1)[0]}.{suffix}" for w in self.nvfp4_weights for suffix in NVFP4_SUFFIXES}
+        modules = {name.rsplit(".", 1)[0] for name in expected}
         for name in sorted(self.tensors):
             if name in expected or name in nvfp4_extras or name.startswith(IGNORED_BY_VLLM):
                 continue
-            self.add("DSP205", f"unexpected tensor {name!r} {list(self.tensors[name].shape)} is not part of a "
-                     f"{FORMAT_NAMES[self.config.format]} draft.", "Remove it; vLLM may fail on weights its model "
-                     "does not have (check the config, e.g. attention_bias, markov_head_type).")
+            shape = list(self.tensors[name].shape)
+            if name.endswith(".bias") and name.removesuffix(".bias") in modules:
+                self.add("DSP210", f"tensor {name!r} {shape} has no parameter in vLLM's model (this config builds "
+                         "that layer without a bias); current vLLM's weight loader ignores unexpected biases, so the "
+                         "draft runs without it (releases without that rule fail to load it).", "If the draft was trained with attention biases, set attention_bias to "
+                         "true; otherwise remove the tensor.")
+                continue
+            self.add("DSP205", f"tensor {name!r} {shape} has no parameter in vLLM's "
+                     f"{FORMAT_NAMES[self.config.format]} model; its weight loader fails with 'There is no module or "
+                     "parameter named ...'.", "Remove it, or fix the config that should create it (e.g. "
+                     "num_hidden_layers, markov_rank, markov_head_type).")
 
     def check_tensor(self, spec: ExpectedTensor, info: TensorInfo) -> None:
-        if spec.dtype and info.dtype != spec.dtype:
-            self.add("DSP204", f"{spec.name} has dtype {info.dtype}; vLLM needs int64 offsets.",
-                     "Store d2t as int64 (torch.long).")
+        if spec.dtype and info.dtype != spec.dtype and info.dtype not in INTEGER_DTYPES:
+            self.add("DSP204", f"{spec.name} has dtype {info.dtype}; vLLM copies it into an int64 parameter by value, "
+                     "so fractional or large offsets are silently rounded.", "Store d2t as int64 (torch.long).")
         elif spec.dtype is None and not info.is_float:
             self.add("DSP203", f"{spec.name} has dtype {info.dtype}; vLLM loads it into a floating-point "
                      "parameter.", "Store it as bf16 (or quantize only markov_w2 with dspark quantize).")
@@ -767,7 +823,7 @@ class _Validation:
             nvfp4 = [w for w in module.weights if w in self.nvfp4_weights]
             if nvfp4 and (quant is None or self.quant is not None):  # else DSP307/DSP313 explain the config
                 self.check_nvfp4_claim(module, nvfp4[0], claimed)
-            elif not nvfp4 and claimed is not None:
+            elif not nvfp4 and claimed is not None and self.tensors[module.weights[0]].is_float:
                 self.add("DSP310", f"{self.quant.where} makes vLLM quantize {module.prefix} as {claimed}, but "
                          f"{module.weights[0]} is stored as {self.tensors[module.weights[0]].dtype}.",
                          "Exclude the layer from quantization: use MIXED_PRECISION with quantized_layers naming only "
@@ -775,10 +831,11 @@ class _Validation:
             if module.weights == (MARKOV_W2,):
                 self.head_claim = claimed if nvfp4 else None
         if self.head_claim == "W4A16_NVFP4":
-            mixed = self.quant.algo == "MIXED_PRECISION"
-            self.add("DSP314", f"markov_w2 is NVFP4 W4A16 ({self.quant.algo}); vLLM runs it with the Marlin kernel, "
-                     f"which needs compute capability >= {'8.9 for MIXED_PRECISION' if mixed else '7.5'}.",
-                     "Nothing to do on Ada, Hopper or Blackwell GPUs.")
+            self.add("DSP314", f"markov_w2 is NVFP4 W4A16 ({self.quant.algo}); vLLM runs it with the Marlin FP4 "
+                     f"kernel, which needs compute capability >= {MARLIN_FP4_MIN_CAPABILITY} (vLLM releases whose "
+                     "ModelOpt MIXED_PRECISION config still asks for 8.9 refuse it on Turing and Ampere).",
+                     "Nothing to do on Turing or newer GPUs with a current vLLM; on Turing/Ampere with an older vLLM, "
+                     "serve the bf16 draft.")
 
     def read_quant_configs(self) -> QuantConfig | None:
         """Check config.json's quantization_config and hf_quant_config.json; return the one vLLM uses."""
@@ -790,11 +847,15 @@ class _Validation:
             self.add("DSP313", f"config.json quantization_config has quant_method {json_quant.method!r}; dspark "
                      "checks only ModelOpt NVFP4 configs.", "Validate this checkpoint with its quantizer's tools.")
             return json_quant
-        for quant in (json_quant, legacy):
-            for problem in quant.problems if quant else []:
-                self.add("DSP307", f"{quant.where}: {problem}.", "Rewrite it as dspark quantize does: "
-                         "MIXED_PRECISION with quantized_layers {'model.markov_head.markov_w2': {'quant_algo': "
-                         "'W4A16_NVFP4', 'group_size': 16}}.")
+        used = json_quant or legacy  # vLLM reads config.json's quantization_config first
+        for problem in used.problems if used else []:
+            self.add("DSP307", f"{used.where}: {problem}.", "Rewrite it as dspark quantize does: "
+                     "MIXED_PRECISION with quantized_layers {'model.markov_head.markov_w2': {'quant_algo': "
+                     "'W4A16_NVFP4', 'group_size': 16}}.")
+        for problem in legacy.problems if legacy and json_quant else []:
+            self.add("DSP309", f"hf_quant_config.json: {problem}; vLLM ignores that file because config.json has a "
+                     "quantization_config, but other tools read it.", "Make hf_quant_config.json describe the "
+                     "quantization config.json describes (dspark quantize writes both).")
         if json_quant is None and legacy is not None:
             self.add("DSP312", "the quantization config is only in hf_quant_config.json; some vLLM versions do not "
                      "accept W4A16_NVFP4 / MIXED_PRECISION there.", "Also write it to config.json as "
@@ -814,8 +875,8 @@ class _Validation:
         for what, (left, right) in fields.items():
             if left != right:
                 self.add("DSP309", f"{what} differs between config.json ({left!r}) and hf_quant_config.json "
-                         f"({right!r}).", "Make both files describe the same quantization (vLLM reads config.json; "
-                         "other tools read hf_quant_config.json).")
+                         f"({right!r}); vLLM uses config.json's and ignores the other file.", "Make both files "
+                         "describe the same quantization (other tools read hf_quant_config.json).")
 
     def check_nvfp4_tensors(self, name: str, spec: ExpectedTensor | None) -> None:
         """uint8 [N, K/2] weight, float8_e4m3fn [N, K/16] weight_scale, float32 scalar weight_scale_2."""
@@ -873,6 +934,11 @@ class _Validation:
         elif claimed not in ("W4A16_NVFP4", "NVFP4"):
             self.add("DSP308", f"{weight} is stored as NVFP4 but {quant.where} quantizes {module.prefix} as "
                      f"{claimed}.", f"Set {module.prefix!r} to quant_algo W4A16_NVFP4.")
+        elif claimed == "W4A16_NVFP4" and f"{weight.rsplit('.', 1)[0]}.input_scale" in self.tensors:
+            self.add("DSP315", f"{weight.rsplit('.', 1)[0]}.input_scale is shipped beside a W4A16 layer; current vLLM "
+                     "loads it into a placeholder and discards it, but versions whose W4A16 method registers no "
+                     "input_scale fail with 'There is no module or parameter named ...'.",
+                     "Remove the input_scale (weight-only W4A16 has no activation scale; dspark quantize writes none).")
         elif claimed == "NVFP4" and f"{weight.rsplit('.', 1)[0]}.input_scale" not in self.tensors:
             self.add("DSP311", f"{quant.where} quantizes {module.prefix} as NVFP4 (W4A4), which needs "
                      f"{weight.rsplit('.', 1)[0]}.input_scale, and the checkpoint has none.",
@@ -885,7 +951,7 @@ class _Validation:
         for info in sorted(self.on_disk.values(), key=lambda i: (i.file, i.begin)):
             is_global_scale = info.name.endswith(".weight_scale_2") and info.dtype == "F32"
             is_block_scale = info.name.endswith(".weight_scale") and info.dtype == "F8_E4M3"
-            is_d2t = info.name == "d2t" and info.dtype == "I64" and len(info.shape) == 1
+            is_d2t = info.name == "d2t" and info.dtype in INTEGER_DTYPES and len(info.shape) == 1
             if is_global_scale:
                 self.check_global_scale(info, self.load(info))
             elif info.dtype in FLOAT_MATRIX_DTYPES:
@@ -965,7 +1031,8 @@ class _Validation:
         resolved["vocab_size"] = config.vocab_size
         resolved["draft_vocab_size"] = {
             "value": config.draft_vocab_size,
-            "source": "draft_vocab_size" if "draft_vocab_size" in config.vllm_config else "vocab_size (default)",
+            "source": "draft_vocab_size" if config.vllm_config.get("draft_vocab_size") is not None
+            else "vocab_size (default)",
         }
         resolved["target_vocab_size"] = {
             "value": self.target_vocab, "source": "--target" if self.target else "assumed = vocab_size",
@@ -977,6 +1044,9 @@ class _Validation:
         resolved["confidence_head"] = self.confidence_summary()
         resolved["layout"] = "N queries, slot j predicts p+j+1" if config.sample_from_anchor else (
             "1+N queries, mask slot j predicts p+j")
+        if config.kind == "dspark":  # the layout vLLM's DSpark speculator serves (DSP033 when it differs)
+            resolved["vllm_layout"] = "1+N queries (dspark_bonus_anchor true)" if config.vllm_bonus_anchor else (
+                "N queries (dspark_bonus_anchor false or missing)")
         resolved["embed_tokens"] = "own" if any("embed_tokens" in n for n in self.tensors) else "shared from target"
         resolved["lm_head"] = "own" if any(n.startswith("lm_head") for n in self.tensors) else "shared from target"
         resolved["tensors"] = len(self.on_disk)

@@ -34,6 +34,9 @@ from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
 from dspark_cli.runtime.sampling import SamplingParams
 
 TokenCallback = Callable[[list[int]], None]
+# New positions the draft context reserves up front: a huge --max-new-tokens (generation may end at a stop token
+# long before) must not allocate its whole length at once.
+INITIAL_NEW_CAPACITY = 4096
 
 
 @dataclass
@@ -91,6 +94,41 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
         raise DsparkError(f"--draft-topk must be between 1 and the draft vocabulary size {vd}, got {draft_topk}.")
     warnings = [f"{f.code} {f.message}" for f in report.warnings]
     return PairCheck(block_size, trained, draft_topk, warnings)
+
+
+def context_limit(target_config: dict) -> int | None:
+    """The target's max_position_embeddings (of its text config for a multimodal model), or None."""
+    text_config = target_config.get("text_config")
+    config = text_config if isinstance(text_config, dict) else target_config
+    limit = config.get("max_position_embeddings")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, limit: int | None, source: str) -> None:
+    """Refuse, before any weights are loaded, a prompt that cannot fit with its new tokens in the target's context
+    (prefilling it would take minutes of uninterruptible work and the positions would be meaningless)."""
+    if limit is None:
+        return
+    index, longest = max(enumerate(prompt_lengths), key=lambda item: item[1])
+    if longest + max_new_tokens > limit:
+        raise DsparkError(f"prompt {index + 1} has {longest:,} tokens, and with {max_new_tokens:,} new tokens that is "
+                          f"{longest + max_new_tokens:,} positions, more than the {limit:,} of {source}'s context "
+                          "(max_position_embeddings); shorten the prompt or ask for fewer new tokens.")
+
+
+def nonfinite_weights(module: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of `module` that hold NaN or inf."""
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+
+
+def nonfinite_warning(source: str, names: list[str]) -> str | None:
+    """One sentence about a draft whose weights hold NaN or inf, or None when they are all finite."""
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{source} has NaN or inf values in {len(names)} weight tensor(s) ({shown}): its proposals will mostly "
+            "be rejected and its confidences are meaningless (the output is still exactly the target's).")
 
 
 class DraftContext:
@@ -295,7 +333,8 @@ def speculative_generate(
     clock = _Clock(target.device)
     start = clock.last
 
-    anchor, context = prefill(target, draft, prompt, params, generator, len(prompt) + max_new_tokens + block_size + 2)
+    capacity = len(prompt) + min(max_new_tokens, INITIAL_NEW_CAPACITY) + block_size + 2  # grows by doubling beyond
+    anchor, context = prefill(target, draft, prompt, params, generator, capacity)
     tokens = [anchor]
     ttft_s = clock.lap()
     if on_tokens is not None:

@@ -5,10 +5,12 @@
     logits, features = target.verify(block_ids)        # [k+1, V], [k+1, n*Ht]; appends to the cache
     target.crop(committed_length)                      # roll the cache back after a rejection
 
-Features are the HF `output_hidden_states` entries the draft reads (index = target layer id + 1,
-DeepSpec's and vLLM's convention), captured with forward hooks so that only those few tensors are
-kept: index 0 is the embedding output, index i in 1..L-1 the output of decoder layer i-1, index L the
-final norm's output, exactly as transformers numbers them.
+Features are the hidden states the draft reads, by capture index = target layer id + 1 (DeepSpec's
+and vLLM's convention), captured with forward hooks so that only those few tensors are kept: index 0 is
+the embedding output and index i in 1..L the raw output of decoder layer i-1 (the residual stream).
+That equals HF `output_hidden_states[i]` except for i = L, where transformers stores the final norm's
+output instead; DeepSpec's target cache and vLLM's aux capture both use the raw layer output, so dspark
+does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
 transformers 5.x portability (environment.md §5): the cache kwarg is `cache` from 5.24 and
 `past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
@@ -25,6 +27,31 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _refuse_pickle_only(path: str | Path) -> None:
+    """A local model folder with pickle weights and no safetensors: one sentence, before anything is opened."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise DsparkError(f"the target {path} has only pickle weights ({pickles[0]}) and dspark loads safetensors "
+                          "only, because opening a pickle can run code; convert the weights to safetensors (e.g. "
+                          "save_pretrained in an environment you trust) and try again.")
+
+
+def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> None:
+    """transformers reports (and randomly initialises) weights the files lack; tied weights are not missing."""
+    if missing:
+        names = sorted(missing)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise DsparkError(f"the target {path} lacks {len(names)} weight tensor(s) its config needs ({shown}); "
+                          "transformers would fill them with random values, so its output would be noise. "
+                          "Download or save the complete model.")
 
 
 class TargetModel:
@@ -49,14 +76,24 @@ class TargetModel:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> "TargetModel":
-        """AutoModelForCausalLM.from_pretrained (never trust_remote_code) on `device` in `dtype`."""
+        """AutoModelForCausalLM.from_pretrained on `device` in `dtype`: safetensors only (a pickle is never
+        opened: unpickling can run code), never trust_remote_code, and every weight must come from the files
+        (transformers would fill a missing one with random values and only log it)."""
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as transformers_logging
 
+        _refuse_pickle_only(path)
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()  # its load report would repeat the refusal below as a table
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+            model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False,
+                                                               use_safetensors=True, output_loading_info=True)
         except (OSError, ValueError, KeyError) as error:
             raise DsparkError(f"cannot load the target model {path}: {error}. Pass --target a Hugging Face causal "
                               "LM folder or hub id (config.json + safetensors).") from error
+        finally:
+            transformers_logging.set_verbosity(verbosity)
+        _refuse_missing_weights(path, info["missing_keys"])
         return cls(model.to(device), capture_indices)
 
     # --- geometry and shared weights -----------------------------------------------------------------------------
@@ -160,12 +197,7 @@ class TargetModel:
             if not 0 <= index <= depth:
                 raise DsparkError(f"the draft reads target hidden state {index} (layer id {index - 1}) but the target "
                                   f"has {depth} layers; the draft was trained for a different target.")
-            if index == 0:
-                module = decoder.get_input_embeddings()
-            elif index < depth:
-                module = layers[index - 1]
-            else:
-                module = decoder.norm  # HF's last hidden state is the final norm's output
+            module = decoder.get_input_embeddings() if index == 0 else layers[index - 1]  # never the final norm
             module.register_forward_hook(self._capture_hook(index))
 
     def _capture_hook(self, index: int):

@@ -34,6 +34,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.draft import DSparkDraft
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
+from dspark_cli.runtime.training_dist import SINGLE, DistContext
 
 TRAINER_STATE = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -87,7 +88,8 @@ class StepReport:
     accept: list[float]  # per block position: mean of 1 - TV(draft, target)
     tau: float  # expected acceptance length per round at T = 1: 1 + sum_k prod_{j<=k} accept_j, per block
     lr: float
-    tokens_per_s: float
+    tokens_per_s: float  # all processes together
+    blocks: int  # anchored blocks trained in this step, all processes together (batch x anchors)
 
 
 @dataclass
@@ -268,12 +270,25 @@ def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
 
 @dataclass
 class LossTerms:
-    loss: torch.Tensor
+    loss: torch.Tensor  # this process's share of the loss (the whole loss in one process), for backward
     ce: float
     l1: float
     confidence: float
     accept: list[float]
     tau: float
+    value: float  # the loss of the whole batch, over all processes
+    blocks: int  # blocks in the whole batch
+
+
+@dataclass
+class LossSums:
+    """The position-weighted sums of one batch (or one process's rows of it), before normalisation."""
+
+    ce: torch.Tensor  # sum of w * CE (with grad)
+    l1: torch.Tensor  # sum of w * L1 (with grad)
+    confidence: torch.Tensor | None  # sum of w * BCE (with grad), None without a confidence head
+    stats: torch.Tensor  # [4 + 2K + 2] float64, detached: sum w, the three sums above, per-position sums of
+    # accept * valid (K) and valid (K), the sum over blocks of tau - 1, the number of blocks
 
 
 def position_weights(valid: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -282,27 +297,51 @@ def position_weights(valid: torch.Tensor, gamma: float) -> torch.Tensor:
     return valid.float() * torch.exp(-j / gamma) if gamma > 0 else valid.float()
 
 
+def loss_sums(draft_logits: torch.Tensor, target_logits: torch.Tensor, confidence_logits, blocks: BlockBatch,
+              options: TrainOptions) -> LossSums:
+    """draft / target logits [B, A, K, V], confidence logits [B, A, K] | None -> the weighted sums of the loss."""
+    weights = position_weights(blocks.valid, options.decay_gamma)
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    ce = -(log_q.gather(-1, blocks.labels[..., None]).squeeze(-1) * weights).sum()
+    p = F.softmax(target_logits.float(), dim=-1)
+    l1_per_slot = (log_q.exp() - p).abs().sum(-1)  # [B, A, K] = 2 TV
+    l1 = (l1_per_slot * weights).sum()
+    accept = (1.0 - 0.5 * l1_per_slot).clamp(0.0, 1.0).detach()  # acceptance probability at T = 1
+    confidence = None
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")
+        confidence = (bce * weights).sum()
+    valid = blocks.valid.float()
+    tau_sum = (accept * valid).cumprod(-1).sum(-1).sum()  # over blocks: accepted length - 1
+    sums = [weights.sum(), ce, l1, confidence if confidence is not None else torch.zeros((), device=ce.device)]
+    stats = torch.cat([torch.stack(sums).detach(), (accept * valid).sum((0, 1)), valid.sum((0, 1)),
+                       tau_sum[None], torch.tensor([float(valid.shape[0] * valid.shape[1])], device=ce.device)])
+    return LossSums(ce, l1, confidence, stats.double())
+
+
+def normalise(sums: LossSums, options: TrainOptions, stats: torch.Tensor | None = None) -> LossTerms:
+    """The loss terms of a batch: `sums` divided by the batch's total weight, read from `stats` (the sums of
+    every process's stats; this process's own when None). Each process's loss is then its share of the whole."""
+    stats = sums.stats if stats is None else stats
+    K = (stats.numel() - 6) // 2
+    total = stats[0].float().clamp_min(1e-6)
+    ce, l1 = sums.ce / total, sums.l1 / total
+    loss = options.ce_alpha * ce + options.l1_alpha * l1
+    whole = options.ce_alpha * (stats[1].float() / total) + options.l1_alpha * (stats[2].float() / total)
+    if sums.confidence is not None:
+        loss = loss + options.confidence_alpha * (sums.confidence / total)
+        whole = whole + options.confidence_alpha * (stats[3].float() / total)
+    per_position = stats[4:4 + K] / stats[4 + K:4 + 2 * K].clamp_min(1.0)
+    blocks = int(stats[-1])
+    return LossTerms(loss, (stats[1].float() / total).item(), (stats[2].float() / total).item(),
+                     (stats[3].float() / total).item(), per_position.tolist(), 1.0 + (stats[-2] / blocks).item(),
+                     whole.item(), blocks)
+
+
 def distillation_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, confidence_logits, blocks: BlockBatch,
                       options: TrainOptions) -> LossTerms:
     """draft / target logits [B, A, K, V], confidence logits [B, A, K] | None -> the weighted DSpark loss."""
-    weights = position_weights(blocks.valid, options.decay_gamma)
-    total = weights.sum().clamp_min(1e-6)
-    log_q = F.log_softmax(draft_logits.float(), dim=-1)
-    ce = -(log_q.gather(-1, blocks.labels[..., None]).squeeze(-1) * weights).sum() / total
-    p = F.softmax(target_logits.float(), dim=-1)
-    l1_per_slot = (log_q.exp() - p).abs().sum(-1)  # [B, A, K] = 2 TV
-    l1 = (l1_per_slot * weights).sum() / total
-    accept = (1.0 - 0.5 * l1_per_slot).clamp(0.0, 1.0).detach()  # acceptance probability at T = 1
-    loss = options.ce_alpha * ce + options.l1_alpha * l1
-    confidence = torch.zeros(())
-    if confidence_logits is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")
-        confidence = (bce * weights).sum() / total
-        loss = loss + options.confidence_alpha * confidence
-    valid = blocks.valid.float()
-    per_position = (accept * valid).sum((0, 1)) / valid.sum((0, 1)).clamp_min(1.0)
-    tau = 1.0 + (accept * valid).cumprod(-1).sum(-1).mean()
-    return LossTerms(loss, ce.item(), l1.item(), confidence.item(), per_position.tolist(), tau.item())
+    return normalise(loss_sums(draft_logits, target_logits, confidence_logits, blocks, options), options)
 
 
 def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch):
@@ -320,6 +359,17 @@ def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch
         logits = logits + draft.markov_bias(embed)
     confidence = draft.confidence_logit(hidden, embed) if draft.confidence_head is not None else None
     return logits, confidence
+
+
+class DraftStep(torch.nn.Module):
+    """draft_forward as a module, so that DistributedDataParallel can wrap it (DDP hooks the module's forward)."""
+
+    def __init__(self, draft: DSparkDraft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, features: torch.Tensor, blocks: BlockBatch):
+        return draft_forward(self.draft, features, blocks)
 
 
 @torch.no_grad()
@@ -350,10 +400,12 @@ class DraftTrainer:
     options: TrainOptions
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     step: int = 0
+    dist: DistContext = SINGLE  # many processes: each trains its rows of every batch (training_dist.py)
 
     def __post_init__(self) -> None:
         self.target.eval().requires_grad_(False)
         self.draft.to(self.device).train()
+        self.model: torch.nn.Module = DraftStep(self.draft)  # under DDP from the first run_step on
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.draft), lr=self.options.lr, betas=(0.9, 0.95),
                                            weight_decay=self.options.weight_decay)
         self.generator = torch.Generator().manual_seed(self.options.seed)
@@ -366,6 +418,11 @@ class DraftTrainer:
     def batch_loss(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor,
                    anchors: torch.Tensor) -> LossTerms:
         """The distillation loss of tokens [B, T] with their target features / logits at anchors [B, A]."""
+        return normalise(self.batch_sums(tokens, features, target_logits, anchors), self.options)
+
+    def batch_sums(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor,
+                   anchors: torch.Tensor) -> LossSums:
+        """The weighted loss sums of tokens [B, T] with their target features / logits at anchors [B, A]."""
         blocks = build_blocks(tokens.cpu(), anchors.cpu(), self.draft.config.block_size.value,
                               self.draft.config.mask_token_id)
         blocks = BlockBatch(**{k: v.to(self.device) for k, v in vars(blocks).items()})
@@ -373,27 +430,41 @@ class DraftTrainer:
         index = blocks.target_index.view(B, A * K, 1).expand(-1, -1, target_logits.shape[-1])
         aligned = target_logits.gather(1, index).view(B, A, K, -1)  # the target's distribution for each slot
         with self._autocast():
-            draft_logits, confidence = draft_forward(self.draft, features, blocks)
-        return distillation_loss(draft_logits, aligned, confidence, blocks, self.options)
+            draft_logits, confidence = self.model(features, blocks)
+        return loss_sums(draft_logits, aligned, confidence, blocks, self.options)
 
     def train_step(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor) -> LossTerms:
-        """One optimizer step on a batch whose target states are already computed."""
+        """One optimizer step on a batch whose target states are already computed (one process)."""
         anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)
-        terms = self.batch_loss(tokens, features, target_logits, anchors)
+        return self.optimize(self.batch_sums(tokens, features, target_logits, anchors))
+
+    def run_step(self) -> LossTerms:
+        """Draw the next global batch and its anchors (the same on every process), run the target and the draft
+        on this process's rows, then take one optimizer step on the whole batch's loss."""
+        def local() -> LossSums:
+            tokens = self.next_tokens()  # [B, T]
+            anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)  # [B, A]
+            rows = self.dist.rows(tokens.shape[0])
+            tokens = tokens[rows].to(self.device)
+            with self._autocast():
+                hidden_states, logits = target_forward(self.target, tokens)
+            return self.batch_sums(tokens, self.draft.target_features(hidden_states).float(), logits.float(),
+                                   anchors[rows])
+
+        self.model = self.dist.wrap(self.model)  # a collective, so outside the part that may fail on one rank
+        return self.optimize(self.dist.together(local, f"step {self.step + 1}"))
+
+    def optimize(self, sums: LossSums) -> LossTerms:
+        """Normalise by the whole batch's weight (summed over processes) and take one optimizer step."""
+        terms = normalise(sums, self.options, self.dist.sum(sums.stats))
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.options)
         self.optimizer.zero_grad(set_to_none=True)
-        terms.loss.backward()
+        (terms.loss * self.dist.world_size).backward()  # DDP averages the processes' gradients: undo the 1/world
         torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
         self.optimizer.step()
         self.step += 1
         return terms
-
-    def run_step(self) -> LossTerms:
-        tokens = self.next_tokens().to(self.device)
-        with self._autocast():
-            hidden_states, logits = target_forward(self.target, tokens)
-        return self.train_step(tokens, self.draft.target_features(hidden_states).float(), logits.float())
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -408,20 +479,19 @@ class DraftTrainer:
         (no pickle)."""
         from safetensors.torch import save_file
 
-        from dspark_cli.runtime.files import atomic_write_text
+        from dspark_cli.runtime.files import atomic_output_dir
 
-        self.draft.save(folder, include_shared=True)
         optimizer = self.optimizer.state_dict()
         tensors = {f"draft.{name}": p.detach().cpu().contiguous() for name, p in self.draft.named_parameters()
                    if p.requires_grad}  # the frozen target weights are not part of the state
         for index, slots in optimizer["state"].items():
             tensors.update({f"optimizer.{index}.{k}": v.detach().cpu().contiguous() for k, v in slots.items()})
         tensors["generator"] = self.generator.get_state()
-        tmp = folder / f".{TRAINER_STATE}.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, folder / TRAINER_STATE)
         state = {"step": self.step, "options": asdict(self.options), "param_groups": optimizer["param_groups"]}
-        atomic_write_text(folder / TRAINER_JSON, json.dumps(state, indent=2) + "\n")
+        with atomic_output_dir(folder, force=True) as tmp:  # a checkpoint is there whole or not at all
+            self.draft.write_files(tmp, include_shared=True)
+            save_file(tensors, str(tmp / TRAINER_STATE))
+            (tmp / TRAINER_JSON).write_text(json.dumps(state, indent=2) + "\n")
         return folder
 
     def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
@@ -454,24 +524,27 @@ def read_trainer_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    found = [p for p in Path(out).glob(f"{CHECKPOINT_PREFIX}*") if (p / TRAINER_STATE).is_file()]
+    found = [p for p in Path(out).glob(f"{CHECKPOINT_PREFIX}*")
+             if p.name.removeprefix(CHECKPOINT_PREFIX).isdigit() and (p / TRAINER_STATE).is_file()]
     return max(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)), default=None)
 
 
 def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport], None] | None = None) -> Path:
-    """Run the remaining steps; periodic checkpoints under out/checkpoint-N; the final draft in `out`."""
+    """Run the remaining steps; periodic checkpoints under out/checkpoint-N; the final draft in `out` (written by
+    rank 0 alone when many processes train)."""
     options = trainer.options
     started, start_step = time.perf_counter(), trainer.step
     tokens_per_step = options.batch_size * trainer.seq_len
     while trainer.step < options.steps:
         terms = trainer.run_step()
-        if on_step is not None:
+        main = trainer.dist.is_main  # many processes: only rank 0 reports and writes
+        if on_step is not None and main:
             rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
-            on_step(StepReport(trainer.step, options.steps, terms.loss.item(), terms.ce, terms.l1, terms.confidence,
-                               terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate))
-        if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
+            on_step(StepReport(trainer.step, options.steps, terms.value, terms.ce, terms.l1, terms.confidence,
+                               terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate, terms.blocks))
+        if main and options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
             trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
-    return save_final(trainer.draft, out)
+    return save_final(trainer.draft, out) if trainer.dist.is_main else out
 
 
 def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[LossTerms]], None] | None = None) -> None:
@@ -493,11 +566,13 @@ def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[Lo
 
 def save_final(draft: DSparkDraft, out: Path) -> Path:
     """Write the final draft's config.json and model.safetensors into `out` (beside any checkpoint-N folders)."""
-    staging = out / ".final.tmp"
-    draft.save(staging, include_shared=True)
-    for name in ("config.json", "model.safetensors"):
-        os.replace(staging / name, out / name)
-    staging.rmdir()
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".final.", suffix=".tmp", dir=out) as staging:  # removed on any error
+        draft.write_files(Path(staging), include_shared=True)
+        for name in ("model.safetensors", "config.json"):  # each replaced atomically
+            os.replace(Path(staging) / name, out / name)
     return out
 
 
@@ -534,19 +609,15 @@ def load_target(path: str | Path, device: torch.device):
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
-                force: bool = False) -> TrainingRun:
-    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here."""
-    import shutil
-
+                force: bool = False, dist: DistContext = SINGLE) -> TrainingRun:
+    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here (by rank 0
+    alone when many processes train: the others never touch it)."""
     from dspark_cli.runtime.training_data import load_token_stream
+    from dspark_cli.runtime.training_output import check_output, create_output
 
-    torch_device = resolve_device(device)
+    torch_device = dist.device(resolve_device(device))
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and resume is None:
-        if not force:
-            raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
-                              "to replace it, or --resume a checkpoint inside it.")
-        shutil.rmtree(out)
+    claim = check_output(out, target_path, data, resume, chat_template, force) if dist.is_main else None
     target, tokenizer = load_target(target_path, torch_device)
     stream = load_token_stream(data, tokenizer, chat_template)
     torch.manual_seed(options.seed)
@@ -566,8 +637,9 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
         notes.append(f"resuming {resume} at step {state['step']} (draft geometry from its config.json)")
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
-    trainer = DraftTrainer(target, draft, stream, options, torch_device)
+    trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)
     if resume is not None:
         trainer.load_state(state, tensors)
-    out.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        create_output(out, claim)
     return TrainingRun(trainer, out, notes)

@@ -7,13 +7,13 @@ reproducible). Chat records (`messages`) are rendered with a chat template.
 
 from __future__ import annotations
 
-import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint import parse_json_text
 
 if TYPE_CHECKING:
     import torch
@@ -68,10 +68,7 @@ def _read_jsonl(path: Path) -> list[Document]:
             if not line.strip():
                 continue
             where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DsparkError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object.") from exc
+            record = parse_json_text(line, where, "each line must be one JSON object")
             if isinstance(record, dict) and isinstance(record.get("text"), str):
                 documents.append(Document(where, text=record["text"]))
             elif isinstance(record, dict) and isinstance(record.get("messages"), list):

@@ -1,0 +1,105 @@
+"""`dspark serve`: check a target + draft pair, then hand it to `vllm serve` with the right speculative config."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Optional
+
+import typer
+from rich.markup import escape
+
+from dspark_cli.cli import render
+
+if TYPE_CHECKING:
+    from dspark_cli.runtime.rules import Report
+    from dspark_cli.runtime.serve import ServePlan
+
+HELP = """Serve a DSpark (or DFlash) draft with its target in vLLM. Runs validate's header-only checks on the pair
+(no weights are loaded) and refuses a draft vLLM cannot load; then prints the `vllm serve` command with the
+speculative config vLLM's dspark method reads, and runs it in place of this process when vLLM is installed.
+Arguments after `--` go to `vllm serve` unchanged. Exit codes: 1 the draft is refused (validate found errors),
+2 bad input or vLLM is not installed; otherwise vLLM's own exit code. Details: docs/serve.md."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve", help=HELP)(serve)
+
+
+@render.handle_errors
+def serve(
+    target: str = typer.Option(..., "--target", "-t", metavar="TARGET",
+                               help="Target model: folder or hub id (only its config.json is read here)."),
+    draft: str = typer.Option(..., "--draft", "-d", metavar="DRAFT", help="Draft checkpoint: folder or hub id."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round, vLLM's "
+                                             "num_speculative_tokens (default and maximum: what the draft was "
+                                             "trained for)."),
+    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position "
+                                             "(dspark_draft_topk; default: the draft config's, else dense)."),
+    draft_sample_method: str = typer.Option("probabilistic", "--draft-sample-method", help="probabilistic "
+                                            "(sample drafts from q, as dspark generate does) or greedy (argmax "
+                                            "drafts, less GPU memory); both are lossless."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of vLLM's OpenAI-compatible server."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
+    json_output: bool = typer.Option(False, "--json", help="Print the speculative config and argv as JSON "
+                                     "(implies --dry-run)."),
+    vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
+                                                    help="Extra `vllm serve` arguments, after `--`."),
+) -> None:
+    from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
+    from dspark_cli.runtime.serve import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
+
+    request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
+                           draft_sample_method=draft_sample_method, port=port, vllm_args=tuple(vllm_args or ()))
+    try:
+        plan = plan_serve(request)
+    except DraftRefused as refused:
+        if json_output:
+            render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code})
+        else:
+            print_refusal(refused.report)
+        raise
+    except DsparkError as error:
+        code = getattr(error, "code", None)  # a CheckpointError's DSP5xx code, printed as validate prints it
+        if json_output:
+            render.emit_json({"exit_code": error.exit_code, "error": {"code": code, "message": error.message}})
+        if code:
+            raise DsparkError(f"{code} {error.message}", error.exit_code) from None
+        raise
+    if json_output:
+        render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0})
+        return
+    print_notes(plan)
+    print(plan.command, flush=True)  # plain print: rich would wrap the line and break copy-paste
+    if dry_run:
+        return
+    if find_vllm() is None:
+        render.err_console.print(f"[bold red]error:[/] {escape(INSTALL_HINT)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    render.err_console.print("[dim]starting vLLM in place of dspark (signals and exit code are vLLM's)[/]")
+    sys.stderr.flush()
+    exec_vllm(plan.argv)
+
+
+def print_notes(plan: "ServePlan") -> None:
+    """Validate's warnings and what vLLM takes from the draft itself, on stderr (stdout is the command)."""
+    console = render.err_console
+    for finding in plan.report.warnings:
+        console.print(f"[bold yellow]! {finding.code}[/] {escape(finding.message)}", highlight=False,
+                      soft_wrap=True)
+    console.print(f"[green]ok[/] {escape(plan.draft)}: validate found no errors against {escape(plan.target)}; "
+                  f"{plan.speculative_config['num_speculative_tokens']} draft tokens per round, "
+                  f"{escape(plan.draft_quantization)}.", highlight=False, soft_wrap=True)
+    for note in plan.notes:
+        console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
+
+
+def print_refusal(report: "Report") -> None:
+    console = render.err_console
+    for finding in report.errors:
+        console.print(f"[bold red]x {finding.code}[/] {escape(finding.message)}", highlight=False, soft_wrap=True)
+        console.print(f"  [dim]fix: {escape(finding.hint)}[/]", highlight=False, soft_wrap=True)
+
+
+def refusal_document(report: "Report") -> dict:
+    return {"checkpoint": report.source, "refused": True,
+            "findings": [f.to_dict() for f in report.findings]}  # fmt: skip

@@ -1,0 +1,58 @@
+"""CLI text: user and finding text is printed literally (never read as rich markup); usage lines name
+arguments plainly."""
+
+import pytest
+from ckpt_factory import DraftSpec, write_draft
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.runtime import bench as bench_module
+from dspark_cli.runtime import quantize as quantize_module
+
+runner = CliRunner()
+BRACKETED = "markov_w2 is [vocab_size, 384] and [bold]not bold[/bold]"
+
+
+def words(text: str) -> str:
+    return " ".join(text.translate(str.maketrans("│╭╮╰╯─", "      ")).split())
+
+
+def test_quantize_warnings_and_paths_keep_their_brackets(tmp_path, monkeypatch):
+    monkeypatch.setattr(quantize_module, "_rank_warnings", lambda rank: [BRACKETED])
+    source = write_draft(tmp_path / "draft", DraftSpec())
+    out = tmp_path / "out[red]x"
+    result = runner.invoke(app, ["quantize", str(source), "-o", str(out), "--engine", "torch"])
+    assert result.exit_code == 0, result.output
+    assert BRACKETED in words(result.stderr)
+    assert "out[red]x" in words(result.stdout)
+
+
+def test_bench_notes_keep_their_brackets(monkeypatch):
+    notes = bench_module._notes
+    monkeypatch.setattr(bench_module, "_notes", lambda *args: [BRACKETED, *notes(*args)])
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block",
+                                 "2", "--batch", "1", "--topk", "8", "--format", "bf16", "--temperature", "0",
+                                 "--reps", "1", "--warmup", "0"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert BRACKETED in words(result.stdout)
+
+
+@pytest.mark.parametrize("command, usage", [(["validate"], "[OPTIONS] CHECKPOINT"),
+                                            (["quantize"], "[OPTIONS] CHECKPOINT"),
+                                            (["generate"], "[OPTIONS] [PROMPT]")])  # fmt: skip
+def test_usage_lines_name_arguments_plainly(command, usage):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0
+    text = words(result.stdout)
+    assert usage in text and "{" not in text.split("Usage:")[1].split("  ")[0]
+    assert "{checkpoint}" not in text and "{CHECKPOINT}" not in text
+
+
+@pytest.mark.parametrize("command", [["bench", "markov", "--device", "cpu", "--draft"], ["validate", "--deep"]])
+def test_a_checkpoint_folder_name_that_is_not_utf8_is_one_sentence(tmp_path, command):
+    import os
+
+    draft = write_draft(tmp_path / os.fsdecode(b"draft-\xff"), DraftSpec())
+    result = runner.invoke(app, [*command, str(draft)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "draft-\\xff has a name that is not valid UTF-8" in words(result.stderr)
