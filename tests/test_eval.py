@@ -284,6 +284,9 @@ def test_bad_inputs_are_one_sentence(tmp_path):
         (tmp_path / folder / "same.txt").write_text("x\n")
     twice = eval_cli("--data", str(tmp_path / "a" / "same.txt"), "--data", str(tmp_path / "b" / "same.txt"))
     assert twice.exit_code == 2 and "share the name" in twice.output
+    prompts = tmp_path / "a" / "same.txt"
+    over_input = eval_cli("--data", str(prompts), "--json", str(prompts))
+    assert over_input.exit_code == 2 and "--json file" in over_input.output and prompts.read_text() == "x\n"
 
 
 def test_generate_json_carries_rounds_and_the_tau_interval(tmp_path):

@@ -103,6 +103,7 @@ def eval_command(
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
+    _check_outputs(settings, sets, compare, json_path, markdown_path)
 
     session = _load(settings, sets, out, torch)
     run.settings = settings
@@ -157,6 +158,17 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
                 progress.advance(task)
 
             ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: session(name, i, text), done)
+
+
+def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
+    """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
+    pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
+    from dspark_cli.runtime.files import check_output_file, local_inputs
+
+    inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
+              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))  # fmt: skip
+    check_output_file(json_path, inputs, "--json file")
+    check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
 
 
 def _duplicate(names: list[str]) -> str:
