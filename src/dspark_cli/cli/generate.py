@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -237,8 +237,12 @@ def generate(
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:
-        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(),
-                          "prompts": [run.to_dict() for run in runs]}, json_path)  # fmt: skip
+        from dspark_cli.runtime.evaluation import stats_tau_interval
+
+        tau = stats_tau_interval(stats)
+        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
+                          "prompts": [run.to_dict() for run in runs],
+                          "rounds": [[asdict(r) for r in s.rounds] for s in stats]}, json_path)  # fmt: skip
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------
