@@ -33,10 +33,9 @@ import torch.nn.functional as F
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE, ResumePoint
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
 
-TRAINER_STATE = "trainer_state.safetensors"
-TRAINER_JSON = "trainer_state.json"
 CHECKPOINT_PREFIX = "checkpoint-"
 
 
@@ -169,17 +168,21 @@ def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: lis
 
 def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
     """A freshly initialised draft for `target`, sharing (frozen) its embedding and lm_head."""
-    target_config = target.config.to_dict()
+    config, mask = new_draft_config(target.config.to_dict(), tokenizer, shape, anchors)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    return draft, mask
+
+
+def new_draft_config(target_config: dict, tokenizer, shape: DraftShape, anchors: int) -> tuple[dict, MaskChoice]:
+    """The config.json of a new draft for a target (its config.json as a dict) and the mask token chosen."""
     num_layers = target_config["num_hidden_layers"]
     layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
     if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
         raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
                           f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
-    rows = target.get_input_embeddings().weight.shape[0]
-    mask = choose_mask_token(tokenizer, rows, shape.mask_token_id)
-    draft = build_draft(draft_config_dict(target_config, shape, layers, mask, anchors), target)
-    train_shared_weights(draft, shape)
-    return draft, mask
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), mask
 
 
 def build_draft(config: dict, target) -> DSparkDraft:
@@ -383,11 +386,21 @@ class DraftTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.options)
         self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(terms.loss):
+            raise Diverged(self.step + 1, f"the loss is {terms.loss.item()}")
         terms.loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
+        if not torch.isfinite(norm):
+            raise Diverged(self.step + 1, f"the gradient norm is {norm.item()}")
         self.optimizer.step()
         self.step += 1
         return terms
+
+    def check_finite_weights(self) -> None:
+        """Raise Diverged when an optimizer step left a non-finite trainable weight (checked before saving)."""
+        for name, p in self.draft.named_parameters():
+            if p.requires_grad and not torch.isfinite(p).all():
+                raise Diverged(self.step, f"the weight {name} is not finite after it")
 
     def run_step(self) -> LossTerms:
         tokens = self.next_tokens().to(self.device)
@@ -442,15 +455,12 @@ class DraftTrainer:
         self.step = state["step"]
 
 
-def read_trainer_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(trainer_state.json, trainer_state.safetensors tensors) of a checkpoint folder."""
-    from safetensors.torch import load_file
+class Diverged(DsparkError):
+    """Training produced a non-finite loss, gradient or weight at `step` (1-based); nothing of it is saved."""
 
-    folder = Path(folder)
-    if not (folder / TRAINER_STATE).is_file() or not (folder / TRAINER_JSON).is_file():
-        raise DsparkError(f"{folder}: no {TRAINER_STATE} / {TRAINER_JSON}; --resume takes a checkpoint folder "
-                          f"written by `dspark train` ({CHECKPOINT_PREFIX}N inside its output folder).")
-    return json.loads((folder / TRAINER_JSON).read_text()), load_file(str(folder / TRAINER_STATE))
+    def __init__(self, step: int, what: str):
+        super().__init__(f"step {step}: {what}")
+        self.step, self.what = step, what
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -463,14 +473,23 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
     options = trainer.options
     started, start_step = time.perf_counter(), trainer.step
     tokens_per_step = options.batch_size * trainer.seq_len
-    while trainer.step < options.steps:
-        terms = trainer.run_step()
-        if on_step is not None:
-            rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
-            on_step(StepReport(trainer.step, options.steps, terms.loss.item(), terms.ce, terms.l1, terms.confidence,
-                               terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate))
-        if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
-            trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
+    last_saved: Path | None = None
+    try:
+        while trainer.step < options.steps:
+            terms = trainer.run_step()
+            if on_step is not None:
+                rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
+                on_step(StepReport(trainer.step, options.steps, terms.loss.item(), terms.ce, terms.l1,
+                                   terms.confidence, terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate))
+            if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
+                trainer.check_finite_weights()
+                last_saved = trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
+        trainer.check_finite_weights()
+    except Diverged as error:
+        kept = (f"the last checkpoint written is {last_saved}: lower --lr and --resume it" if last_saved else
+                "no checkpoint was written by this run: lower --lr and start again")
+        raise DsparkError(f"training diverged at {error.message} (not finite), so no final draft was written; "
+                          f"{kept}.") from None
     return save_final(trainer.draft, out)
 
 
@@ -511,33 +530,57 @@ class TrainingRun:
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
+    """auto, cpu, cuda or cuda:N -> a device that exists here, or one sentence."""
+    name = device.strip().lower()
+    if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
-    return torch.device(device)
+    kind, _, index = name.partition(":")
+    if name == "cpu" or (kind == "cuda" and (not index or index.isdigit())):
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
+        if index and int(index) >= torch.cuda.device_count():
+            raise DsparkError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
+                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
+        return torch.device(name)
+    raise DsparkError(f"--device {device!r} is not a device dspark trains on; use auto, cpu, cuda or cuda:N.")
 
 
-def load_target(path: str | Path, device: torch.device):
-    """The frozen target (bf16 on CUDA, fp32 on CPU) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
+    """The target's tokenizer and config.json as a dict, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
+    except (OSError, ValueError, KeyError) as error:
+        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
+                          "or hub id with its tokenizer.") from error
+    return tokenizer, config
+
+
+def load_target_model(path: str | Path, device: torch.device):
+    """The frozen target (bf16 on CUDA, fp32 on CPU)."""
+    from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
         raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
                           "or hub id with its tokenizer.") from error
-    return model.to(device).eval().requires_grad_(False), tokenizer
+    return model.to(device).eval().requires_grad_(False)
 
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
                 force: bool = False) -> TrainingRun:
-    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here."""
+    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here.
+
+    Everything that can be checked without the weights (the window, one step's memory, the resume checkpoint) is
+    checked before the target and the draft are allocated."""
     import shutil
 
+    from dspark_cli.runtime.training_checks import read_resume_point
     from dspark_cli.runtime.training_data import load_token_stream
 
     torch_device = resolve_device(device)
@@ -547,27 +590,59 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
             raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
                               "to replace it, or --resume a checkpoint inside it.")
         shutil.rmtree(out)
-    target, tokenizer = load_target(target_path, torch_device)
+    tokenizer, target_config = load_tokenizer_and_config(target_path)
     stream = load_token_stream(data, tokenizer, chat_template)
-    torch.manual_seed(options.seed)
     seq_len = min(options.seq_len, stream.max_window)
-    notes = []
-    if resume is None:
-        draft, mask = new_draft(target, tokenizer, shape, options.anchors_per_sequence(seq_len))
-        notes.append(mask.note)
-    else:
-        state, tensors = read_trainer_state(resume)
-        draft = build_draft(json.loads((Path(resume) / "config.json").read_text()), target)
-        train_shared_weights(draft, shape)
-        saved = {name.removeprefix("draft.") for name in tensors if name.startswith("draft.")}
+    point = read_resume_point(resume) if resume is not None else None
+    config, notes = _draft_plan(target_config, tokenizer, shape, options, seq_len, point)
+    _check_before_allocating(target_config, config, shape, options, seq_len, len(stream), torch_device)
+    target = load_target_model(target_path, torch_device)
+    torch.manual_seed(options.seed)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    if point is not None:
+        saved = {name.removeprefix("draft.") for name in point.tensors if name.startswith("draft.")}
         if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:
             raise DsparkError(f"--resume {resume}: the checkpoint was trained with other --train-embeddings / "
                               "--train-lm-head flags than this run's; resume with the same flags.")
-        notes.append(f"resuming {resume} at step {state['step']} (draft geometry from its config.json)")
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device)
-    if resume is not None:
-        trainer.load_state(state, tensors)
+    if point is not None:
+        _restore(trainer, point)
     out.mkdir(parents=True, exist_ok=True)
     return TrainingRun(trainer, out, notes)
+
+
+def _draft_plan(target_config: dict, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
+                point: ResumePoint | None) -> tuple[dict, list[str]]:
+    """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided."""
+    from dspark_cli.runtime.training_checks import check_resume_shape
+
+    if point is None:
+        config, mask = new_draft_config(target_config, tokenizer, shape, options.anchors_per_sequence(seq_len))
+        return config, [mask.note]
+    check_resume_shape(point, shape, target_config, options.steps)
+    return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
+
+
+def _check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
+                             seq_len: int, data_tokens: int, device: torch.device) -> None:
+    from dspark_cli.runtime.training_checks import available_memory, check_memory, check_window, estimate_memory
+
+    check_window(options.seq_len, seq_len, data_tokens, config["block_size"], target_config.get("max_position_embeddings"))
+    vocab, target_vocab = config["vocab_size"], target_config["vocab_size"]
+    trainable_rows = (vocab if shape.train_embeddings or vocab > target_vocab else 0) + (
+        (config.get("draft_vocab_size") or vocab) if shape.train_lm_head else 0)
+    estimate = estimate_memory(target_config, config, batch_size=options.batch_size, seq_len=seq_len,
+                               anchors=options.anchors_per_sequence(seq_len), trainable_rows=trainable_rows,
+                               half_precision=device.type == "cuda")
+    check_memory(estimate, available_memory(device), device)
+
+
+def _restore(trainer: DraftTrainer, point: ResumePoint) -> None:
+    try:
+        trainer.load_state(point.state, point.tensors)
+    except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as error:
+        raise DsparkError(f"{point.folder / TRAINER_STATE} does not fit the draft of its config.json ("
+                          f"{str(error).splitlines()[0]}); pick an earlier intact checkpoint.") from None
