@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -109,6 +109,8 @@ def default_target_layers(num_target_layers: int, count: int) -> list[int]:
     if count == 1:
         return [num_target_layers // 2 - (1 if num_target_layers <= 2 else 0)]
     start, end = (1, num_target_layers - 3) if num_target_layers >= 6 else (0, num_target_layers - 2)
+    if count > end - start:  # every layer in range (and no loop over a huge count)
+        return list(range(start, end + 1))
     ids = {round(start + i * (end - start) / (count - 1)) for i in range(count)}
     return sorted(ids)
 
@@ -176,13 +178,19 @@ def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSpar
 
 def new_draft_config(target_config: dict, tokenizer, shape: DraftShape, anchors: int) -> tuple[dict, MaskChoice]:
     """The config.json of a new draft for a target (its config.json as a dict) and the mask token chosen."""
+    layers = draft_target_layers(target_config, shape)
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), mask
+
+
+def draft_target_layers(target_config: dict, shape: DraftShape) -> list[int]:
+    """The target layers feeding a new draft: as the shape asks, else evenly spaced; checked against the target."""
     num_layers = target_config["num_hidden_layers"]
     layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
     if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
         raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
                           f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
-    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
-    return draft_config_dict(target_config, shape, layers, mask, anchors), mask
+    return layers
 
 
 def build_draft(config: dict, target) -> DSparkDraft:
@@ -594,8 +602,7 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     stream = load_token_stream(data, tokenizer, chat_template)
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
-    config, notes = _draft_plan(target_config, tokenizer, shape, options, seq_len, point)
-    _check_before_allocating(target_config, config, shape, options, seq_len, len(stream), torch_device)
+    config, notes = _draft_plan(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
     target = load_target_model(target_path, torch_device)
     torch.manual_seed(options.seed)
     draft = build_draft(config, target)
@@ -615,29 +622,45 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
 
 
 def _draft_plan(target_config: dict, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
-                point: ResumePoint | None) -> tuple[dict, list[str]]:
-    """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided."""
+                data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
+    """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
+    once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
     from dspark_cli.runtime.training_checks import check_resume_shape
 
-    if point is None:
-        config, mask = new_draft_config(target_config, tokenizer, shape, options.anchors_per_sequence(seq_len))
-        return config, [mask.note]
-    check_resume_shape(point, shape, target_config, options.steps)
-    return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
+    anchors = options.anchors_per_sequence(seq_len)
+    if point is not None:
+        check_resume_shape(point, shape, target_config, options.steps)
+        _check_before_allocating(target_config, point.config, shape, options, seq_len, data_tokens, device)
+        return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
+    layers = draft_target_layers(target_config, shape)
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    one_layer = draft_config_dict(target_config, replace(shape, layers=1), layers, mask, anchors)
+    geometry = {**one_layer, "num_hidden_layers": shape.layers}  # no layer_types list of a huge layer count
+    _check_before_allocating(target_config, geometry, shape, options, seq_len, data_tokens, device)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), [mask.note]
 
 
 def _check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
                              seq_len: int, data_tokens: int, device: torch.device) -> None:
-    from dspark_cli.runtime.training_checks import available_memory, check_memory, check_window, estimate_memory
+    from dspark_cli.runtime.training_checks import available_memory, check_memory, check_window
 
-    check_window(options.seq_len, seq_len, data_tokens, config["block_size"], target_config.get("max_position_embeddings"))
+    check_window(options.seq_len, seq_len, data_tokens, config["block_size"],
+                 target_config.get("max_position_embeddings"))
+    estimate = run_memory_estimate(target_config, config, shape, options, seq_len, device)
+    check_memory(estimate, available_memory(device), device)
+
+
+def run_memory_estimate(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions, seq_len: int,
+                        device: torch.device):
+    """MemoryEstimate of one step of this run (config: the draft's config.json as a dict)."""
+    from dspark_cli.runtime.training_checks import estimate_memory
+
     vocab, target_vocab = config["vocab_size"], target_config["vocab_size"]
     trainable_rows = (vocab if shape.train_embeddings or vocab > target_vocab else 0) + (
         (config.get("draft_vocab_size") or vocab) if shape.train_lm_head else 0)
-    estimate = estimate_memory(target_config, config, batch_size=options.batch_size, seq_len=seq_len,
-                               anchors=options.anchors_per_sequence(seq_len), trainable_rows=trainable_rows,
-                               half_precision=device.type == "cuda")
-    check_memory(estimate, available_memory(device), device)
+    return estimate_memory(target_config, config, batch_size=options.batch_size, seq_len=seq_len,
+                           anchors=options.anchors_per_sequence(seq_len), trainable_rows=trainable_rows,
+                           half_precision=device.type == "cuda")
 
 
 def _restore(trainer: DraftTrainer, point: ResumePoint) -> None:

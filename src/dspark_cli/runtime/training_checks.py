@@ -77,12 +77,14 @@ def estimate_memory(target: dict, draft: dict, *, batch_size: int, seq_len: int,
     weight_bytes = 2 if half_precision else 4
     vocab, width, depth = target["vocab_size"], target["hidden_size"], target["num_hidden_layers"]
     tied = target.get("tie_word_embeddings", False)
-    target_params = depth * decoder_layer_parameters(target) + vocab * width * (1 if tied else 2)
+    target_params = depth * decoder_layer_parameters(target) + vocab * width * (1 if tied else 2) + width
     hidden, rank, layers = draft["hidden_size"], draft.get("markov_rank") or 0, draft["num_hidden_layers"]
     draft_vocab = draft.get("draft_vocab_size") or draft["vocab_size"]
     features = len(draft["target_layer_ids"]) * width
-    draft_params = (layers * decoder_layer_parameters(draft) + features * hidden + hidden
-                    + rank * (draft["vocab_size"] + draft_vocab) + hidden + rank + 1 + trainable_rows * hidden)
+    confidence = hidden + (rank if draft.get("confidence_head_with_markov") else 0) + 1
+    draft_params = (layers * decoder_layer_parameters(draft) + features * hidden + 2 * hidden  # fc, two norms
+                    + rank * (draft["vocab_size"] + draft_vocab) + trainable_rows * hidden
+                    + (confidence if draft.get("enable_confidence_head") else 0))
     queries = anchors * draft["block_size"]
     keys = seq_len + queries
     target_states = batch_size * seq_len * (vocab * (weight_bytes + 4) + (depth + 1) * width * weight_bytes
