@@ -188,14 +188,11 @@ def read_chat_template(path: Path) -> str:
     if path.stat().st_size > MAX_TEMPLATE_BYTES:
         raise DsparkError(f"--chat-template {path} is {path.stat().st_size:,} bytes, more than a chat template's "
                           f"{MAX_TEMPLATE_BYTES:,}; pass a Jinja template file.")
-    data = path.read_bytes()
     try:
-        text = data.decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
-        text = None
-    if text is None or "\0" in text:
-        raise DsparkError(f"--chat-template {path} is not UTF-8 text (a binary file?); pass a Jinja template file.")
-    return text
+        raise DsparkError(f"--chat-template {path} is not UTF-8 text (a binary file?); pass a Jinja template "
+                          "file.") from None
 
 
 def load_token_stream(paths: Iterable[Path], tokenizer, chat_template_file: Path | None = None) -> TokenStream:
