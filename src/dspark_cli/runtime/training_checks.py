@@ -33,6 +33,10 @@ def format_bytes(count: float) -> str:
 def check_window(requested: int, seq_len: int, data_tokens: int, block_size: int, max_positions: int | None) -> None:
     """A window (`requested` tokens, `seq_len` once cut to the data) holds an anchor and its whole block's labels,
     within the target's context."""
+    if max_positions and block_size >= max_positions:
+        raise DsparkError(f"--block-size {block_size} does not fit the target's context (max_position_embeddings "
+                          f"{max_positions}) with its anchor; use a block of at most {max_positions - 1} tokens "
+                          "(DeepSpec's Qwen3 drafts use 7).")
     if max_positions and requested > max_positions:
         raise DsparkError(f"--seq-len {requested} is longer than the target's context (max_position_embeddings "
                           f"{max_positions}); use --seq-len {max_positions} or less.")
