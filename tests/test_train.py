@@ -268,7 +268,8 @@ def test_demo_build_is_deterministic(tmp_path):
 ], ids=["default", "dflash", "trained-copies", "added-mask-row"])
 def test_memory_estimate_counts_the_trainable_parameters(tmp_path, tiny_pair, shape):
     """The estimate checked before allocating counts exactly the weights the optimizer will hold."""
-    from dspark_cli.runtime.training import run_memory_estimate, trainable_parameters
+    from dspark_cli.runtime.training import trainable_parameters
+    from dspark_cli.runtime.training_checks import run_memory_estimate
 
     target_dir, data = tiny_pair
     target_config = json.loads((target_dir / "config.json").read_text())

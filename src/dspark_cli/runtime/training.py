@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.draft import DSparkDraft
-from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE, ResumePoint
+from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -537,22 +537,6 @@ class TrainingRun:
     notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
 
 
-def resolve_device(device: str) -> torch.device:
-    """auto, cpu, cuda or cuda:N -> a device that exists here, or one sentence."""
-    name = device.strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind, _, index = name.partition(":")
-    if name == "cpu" or (kind == "cuda" and (not index or index.isdigit())):
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
-        if index and int(index) >= torch.cuda.device_count():
-            raise DsparkError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
-                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
-        return torch.device(name)
-    raise DsparkError(f"--device {device!r} is not a device dspark trains on; use auto, cpu, cuda or cuda:N.")
-
-
 def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
     """The target's tokenizer and config.json as a dict, without loading its weights."""
     from transformers import AutoConfig, AutoTokenizer
@@ -588,7 +572,7 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     checked before the target and the draft are allocated."""
     import shutil
 
-    from dspark_cli.runtime.training_checks import read_resume_point
+    from dspark_cli.runtime.training_checks import plan_draft, read_resume_point, resolve_device, restore_trainer
     from dspark_cli.runtime.training_data import load_token_stream
 
     torch_device = resolve_device(device)
@@ -602,7 +586,7 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     stream = load_token_stream(data, tokenizer, chat_template)
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
-    config, notes = _draft_plan(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
+    config, notes = plan_draft(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
     target = load_target_model(target_path, torch_device)
     torch.manual_seed(options.seed)
     draft = build_draft(config, target)
@@ -616,56 +600,6 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device)
     if point is not None:
-        _restore(trainer, point)
+        restore_trainer(trainer, point)
     out.mkdir(parents=True, exist_ok=True)
     return TrainingRun(trainer, out, notes)
-
-
-def _draft_plan(target_config: dict, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
-                data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
-    """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
-    once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
-    from dspark_cli.runtime.training_checks import check_resume_shape
-
-    anchors = options.anchors_per_sequence(seq_len)
-    if point is not None:
-        check_resume_shape(point, shape, target_config, options.steps)
-        _check_before_allocating(target_config, point.config, shape, options, seq_len, data_tokens, device)
-        return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
-    layers = draft_target_layers(target_config, shape)
-    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
-    one_layer = draft_config_dict(target_config, replace(shape, layers=1), layers, mask, anchors)
-    geometry = {**one_layer, "num_hidden_layers": shape.layers}  # no layer_types list of a huge layer count
-    _check_before_allocating(target_config, geometry, shape, options, seq_len, data_tokens, device)
-    return draft_config_dict(target_config, shape, layers, mask, anchors), [mask.note]
-
-
-def _check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
-                             seq_len: int, data_tokens: int, device: torch.device) -> None:
-    from dspark_cli.runtime.training_checks import available_memory, check_memory, check_window
-
-    check_window(options.seq_len, seq_len, data_tokens, config["block_size"],
-                 target_config.get("max_position_embeddings"))
-    estimate = run_memory_estimate(target_config, config, shape, options, seq_len, device)
-    check_memory(estimate, available_memory(device), device)
-
-
-def run_memory_estimate(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions, seq_len: int,
-                        device: torch.device):
-    """MemoryEstimate of one step of this run (config: the draft's config.json as a dict)."""
-    from dspark_cli.runtime.training_checks import estimate_memory
-
-    vocab, target_vocab = config["vocab_size"], target_config["vocab_size"]
-    trainable_rows = (vocab if shape.train_embeddings or vocab > target_vocab else 0) + (
-        (config.get("draft_vocab_size") or vocab) if shape.train_lm_head else 0)
-    return estimate_memory(target_config, config, batch_size=options.batch_size, seq_len=seq_len,
-                           anchors=options.anchors_per_sequence(seq_len), trainable_rows=trainable_rows,
-                           half_precision=device.type == "cuda")
-
-
-def _restore(trainer: DraftTrainer, point: ResumePoint) -> None:
-    try:
-        trainer.load_state(point.state, point.tensors)
-    except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as error:
-        raise DsparkError(f"{point.folder / TRAINER_STATE} does not fit the draft of its config.json ("
-                          f"{str(error).splitlines()[0]}); pick an earlier intact checkpoint.") from None

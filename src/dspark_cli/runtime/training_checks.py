@@ -7,12 +7,17 @@ Every refusal is one sentence (DsparkError, exit 2) naming the value, the file o
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_cli.runtime.training import DraftShape, DraftTrainer, TrainOptions
 
 TRAINER_STATE = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -28,7 +33,25 @@ def format_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
-# --- the training window ---------------------------------------------------------------------------------------
+# --- the device and the training window -------------------------------------------------------------------
+
+def resolve_device(device: str) -> torch.device:
+    """auto, cpu, cuda or cuda:N -> a torch.device that exists here, or one sentence."""
+    import torch
+
+    name = device.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = name.partition(":")
+    if name == "cpu" or (kind == "cuda" and (not index or index.isdigit())):
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
+        if index and int(index) >= torch.cuda.device_count():
+            raise DsparkError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
+                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
+        return torch.device(name)
+    raise DsparkError(f"--device {device!r} is not a device dspark trains on; use auto, cpu, cuda or cuda:N.")
+
 
 def check_window(requested: int, seq_len: int, data_tokens: int, block_size: int, max_positions: int | None) -> None:
     """A window (`requested` tokens, `seq_len` once cut to the data) holds an anchor and its whole block's labels,
@@ -94,7 +117,8 @@ def estimate_memory(target: dict, draft: dict, *, batch_size: int, seq_len: int,
     target_states = batch_size * seq_len * (vocab * (weight_bytes + 4) + (depth + 1) * width * weight_bytes
                                             + features * 4)
     logits = batch_size * queries * draft_vocab * 4 * LOGIT_COPIES
-    attention = layers * batch_size * draft["num_attention_heads"] * queries * keys * 4 * 2 + batch_size * queries * keys
+    scores = layers * batch_size * draft["num_attention_heads"] * queries * keys * 4 * 2  # scores and softmax
+    attention = scores + batch_size * queries * keys  # + the boolean mask
     saved = layers * batch_size * keys * (6 * hidden + 3 * draft["intermediate_size"]) * 4
     return MemoryEstimate(target_params * weight_bytes, draft_params * 16,
                           target_states + logits + attention + saved)
@@ -261,3 +285,53 @@ def checkpoint_shape(folder: Path):
                       confidence_with_markov=bool(config.get("confidence_head_with_markov", True)) or not (
                           rank and config.get("enable_confidence_head")),
                       mask_token_id=config.get("mask_token_id"))
+
+
+# --- the plan of a run -----------------------------------------------------------------------------------------
+
+def plan_draft(target_config: dict, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
+               data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
+    """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
+    once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
+    from dspark_cli.runtime.training import choose_mask_token, draft_config_dict, draft_target_layers
+
+    anchors = options.anchors_per_sequence(seq_len)
+    if point is not None:
+        check_resume_shape(point, shape, target_config, options.steps)
+        check_before_allocating(target_config, point.config, shape, options, seq_len, data_tokens, device)
+        return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
+    layers = draft_target_layers(target_config, shape)
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    one_layer = draft_config_dict(target_config, replace(shape, layers=1), layers, mask, anchors)
+    geometry = {**one_layer, "num_hidden_layers": shape.layers}  # no layer_types list of a huge layer count
+    check_before_allocating(target_config, geometry, shape, options, seq_len, data_tokens, device)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), [mask.note]
+
+
+def check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
+                            seq_len: int, data_tokens: int, device: torch.device) -> None:
+    """The window and one step's memory; config: the draft's config.json as a dict (layer_types not needed)."""
+    check_window(options.seq_len, seq_len, data_tokens, config["block_size"],
+                 target_config.get("max_position_embeddings"))
+    estimate = run_memory_estimate(target_config, config, shape, options, seq_len, device)
+    check_memory(estimate, available_memory(device), device)
+
+
+def run_memory_estimate(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions, seq_len: int,
+                        device: torch.device) -> MemoryEstimate:
+    """MemoryEstimate of one step of this run (config: the draft's config.json as a dict)."""
+    vocab, target_vocab = config["vocab_size"], target_config["vocab_size"]
+    trainable_rows = (vocab if shape.train_embeddings or vocab > target_vocab else 0) + (
+        (config.get("draft_vocab_size") or vocab) if shape.train_lm_head else 0)
+    return estimate_memory(target_config, config, batch_size=options.batch_size, seq_len=seq_len,
+                           anchors=options.anchors_per_sequence(seq_len), trainable_rows=trainable_rows,
+                           half_precision=device.type == "cuda")
+
+
+def restore_trainer(trainer: DraftTrainer, point: ResumePoint) -> None:
+    """Load the checkpoint's weights, AdamW state and generator into a trainer built from its config."""
+    try:
+        trainer.load_state(point.state, point.tensors)
+    except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as error:
+        raise DsparkError(f"{point.folder / TRAINER_STATE} does not fit the draft of its config.json ("
+                          f"{str(error).splitlines()[0]}); pick an earlier intact checkpoint.") from None
