@@ -567,11 +567,6 @@ class _Validation:
                      "Add mask_token_id (DeepSpec's Qwen3 drafts use 151669).")
             return
         vocab, target_vocab = self.config.vocab_size, self.target.vocab_size if self.target else None
-        own_embed = any("embed_tokens" in name for name in self.tensors)
-        if own_embed and target_vocab and (self.config.draft_vocab_size or vocab or 0) <= target_vocab:
-            # rows >= the target vocabulary are input-only (an added mask row): vLLM keeps the draft's own
-            # embedding when vocab_size exceeds the target's (docs/validate.md, DSP016)
-            target_vocab = None
         bounds = [v for v in (vocab, target_vocab) if v]
         if not _nonneg_int(mask.value) or any(mask.value >= v for v in bounds):
             raw = _lookup(self.config.vllm_config, mask.source)
