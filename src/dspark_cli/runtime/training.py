@@ -446,7 +446,7 @@ class DraftTrainer:
         return folder
 
     def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what save_checkpoint wrote, as read_trainer_state returns it (the draft must have the
+        """Restore what save_checkpoint wrote, as read_resume_point reads it (the draft must have the
         checkpoint's geometry)."""
         params = dict(self.draft.named_parameters())
         with torch.no_grad():
