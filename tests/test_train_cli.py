@@ -17,7 +17,8 @@ from dspark_cli.runtime import training
 
 runner = CliRunner()
 CODE = "def add(a, b):\n    return a + b\n\n\nclass Counter:\n    def increment(self, step=1):\n        return step\n"
-RUN = ["--steps", "4", "--batch-size", "2", "--seq-len", "32", "--anchors", "6", "--lr", "1e-2", "--seed", "3"]
+RUN = ["--steps", "4", "--batch-size", "2", "--seq-len", "32", "--anchors", "6", "--lr", "1e-2", "--seed", "3",
+       "--device", "cpu"]
 TINY = [*RUN, "--block-size", "4", "--markov-rank", "8"]
 
 
@@ -75,7 +76,8 @@ def test_train_writes_a_draft_that_validates_and_generates_losslessly(pair, tmp_
 
     report = tmp_path / "run.json"
     ran = runner.invoke(app, ["generate", "def add(a", "--target", target, "--draft", str(out), "--max-new-tokens",
-                              "24", "--baseline", "--json", str(report)])  # fmt: skip
+                              "24", "--baseline", "--device", "cpu", "--dtype", "float32",
+                              "--json", str(report)])  # fmt: skip
     assert ran.exit_code == 0, ran.output
     (run,) = json.loads(report.read_text())["prompts"]
     assert run["tokens"] == run["baseline_tokens"] and run["first_divergence"] is None
