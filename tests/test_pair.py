@@ -1,6 +1,7 @@
 """runtime/pair.py, the public Python API: pre-load checks, loading, generate / baseline, and the README example."""
 
 import contextlib
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -73,6 +74,25 @@ def test_generate_is_the_speculative_loop_on_the_loaded_pair(pair, pair_dirs):
     plain = pair.baseline("hello world", max_new_tokens=30)
     assert pair.generate("hello world", max_new_tokens=30).tokens == plain.tokens  # lossless at greedy
     assert len(pair.generate(ids, max_new_tokens=30, block_size=2).stats.rounds[0].confidences) == 2
+
+
+def test_the_pairs_stop_ids_end_generation_unless_overridden(pair):
+    free = pair.generate("hello world", max_new_tokens=30, stop_ids=())
+    stop = free.tokens[5]
+    stopping = dataclasses.replace(pair, stop_ids=[stop])
+    expected = free.tokens[: free.tokens.index(stop) + 1]
+    result = stopping.generate("hello world", max_new_tokens=30)
+    assert result.finished_by_stop and result.tokens == expected
+    assert stopping.baseline("hello world", max_new_tokens=30).tokens == expected
+    assert stopping.generate("hello world", max_new_tokens=30, stop_ids=()).tokens == free.tokens
+
+
+def test_the_chat_template_is_used_when_present_unless_refused(pair_dirs):
+    checked = Pair.check(*pair_dirs, device="cpu")
+    checked.tokenizer.chat_template = "<{{ messages[0]['content'] }}>"
+    assert checked.chat() is True and checked.chat(False) is False
+    assert checked.encode("hi") == checked.tokenizer("<hi>", add_special_tokens=False)["input_ids"]
+    assert checked.encode("hi", chat=False) == checked.tokenizer("hi")["input_ids"]
 
 
 def test_check_refuses_bad_input_before_any_weight_is_read(pair_dirs, monkeypatch):
