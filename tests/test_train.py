@@ -205,23 +205,14 @@ def test_refuses_to_overwrite_output(tmp_path, tiny_pair):
 
 def test_shipped_demo_pair_is_lossless_at_greedy():
     from dspark_cli.runtime.demo import DEMO_DIR
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import autoregressive_generate, speculative_generate
-    from dspark_cli.runtime.target import TargetModel
+    from dspark_cli.runtime.pair import Pair
 
     if not (DEMO_DIR / "draft" / "config.json").is_file():
         pytest.skip("the demo pair is not built (scripts/build_demo.py)")
-    from transformers import AutoTokenizer
-
-    draft = DSparkDraft.from_checkpoint(DEMO_DIR / "draft")
-    target = TargetModel.load(DEMO_DIR / "target", capture_indices=draft.config.hidden_state_indices)
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
-    prompt = tokenizer("import os\n\n\ndef read_config(path):\n", return_tensors="pt")["input_ids"][0]
-    greedy = SamplingParams(temperature=0.0)
-    plain = autoregressive_generate(target, prompt, greedy, max_new_tokens=48)
-    spec = speculative_generate(target, draft, prompt, greedy, block_size=draft.config.block_size.value,
-                                max_new_tokens=48)
+    pair = Pair.load(device="cpu", dtype="float32")
+    prompt = pair.encode("import os\n\n\ndef read_config(path):\n", chat=False)
+    plain = pair.baseline(prompt, max_new_tokens=48, stop_ids=())
+    spec = pair.generate(prompt, max_new_tokens=48, stop_ids=())
     assert spec.tokens == plain.tokens
     assert len(spec.stats.rounds) < 48 / 1.5  # the draft is accepted often, not just lossless
 
