@@ -208,10 +208,6 @@ class DSparkDraft(nn.Module):
             x = torch.cat([x, embed.float()], dim=-1)
         return self.confidence_head.proj(x).squeeze(-1)
 
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """draft-vocab ids -> target-vocab ids (d2t stores offsets: target = id + d2t[id])."""
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
     # --- loading and saving -----------------------------------------------------------------------------------
 
     @classmethod
