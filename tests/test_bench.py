@@ -302,3 +302,79 @@ def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec
                                  "--batch", "1", "--topk", "8", "--reps", "1", "--warmup", "0"])  # fmt: skip
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "markov_w2 hold NaN or inf values" in " ".join(result.stderr.split())
+
+
+# --- interleaved timing (a fake clock: no timing asserts) ---------------------------------------------------------
+
+
+def test_interleaved_order_rotates_the_start_every_round():
+    from dspark_cli.runtime.bench import interleaved_order
+
+    assert interleaved_order(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert interleaved_order(1, 2) == [[0], [0]]
+
+
+def test_time_interleaved_rotates_calls_and_reports_min_median_and_spread():
+    from dspark_cli.runtime.bench import SPREAD_LIMIT, time_interleaved
+
+    now = [0.0]
+    calls: list[str] = []
+    durations = {"a": iter([9.0, 1e-3, 2e-3, 3e-3]), "b": iter([9.0, 1e-3, 1e-3, 1e-3])}  # seconds; warm-up first
+
+    def fake(name):
+        def run():
+            calls.append(name)
+            now[0] += next(durations[name])
+
+        return run
+
+    noisy, steady = time_interleaved([fake("a"), fake("b")], "cpu", reps=3, warmup=1, clock=lambda: now[0])
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up round, then rounds starting at 0, 1, 0
+    assert (noisy.min_us, noisy.median_us, noisy.reps) == (pytest.approx(1000), pytest.approx(2000), 3)
+    assert noisy.p90_us == pytest.approx(2800) and noisy.spread == pytest.approx(1.8) and noisy.too_noisy
+    assert steady.spread == pytest.approx(0) and not steady.too_noisy
+    assert 0 < SPREAD_LIMIT < 1.8
+
+
+def test_timing_flags_a_spread_over_the_limit():
+    from dspark_cli.runtime.bench import SPREAD_LIMIT, Timing
+
+    at_limit = Timing(median_us=110, p10_us=100, p90_us=100 * (1 + SPREAD_LIMIT), reps=10, min_us=100)
+    over = Timing(median_us=110, p10_us=100, p90_us=100 * (1 + SPREAD_LIMIT) + 1, reps=10, min_us=100)
+    assert not at_limit.too_noisy and over.too_noisy
+    assert over.to_dict()["too_noisy"] and over.to_dict()["min_us"] == 100
+
+
+def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, tmp_path):
+    from dspark_cli.runtime import bench
+    from dspark_cli.runtime.bench import Timing
+
+    calls: list[int] = []
+
+    def fake_time_interleaved(fns, device, reps, warmup):
+        calls.append(len(fns))
+        number = len(calls)  # a noisy timing (spread 100 %), its median numbered by the call that produced it
+        return [Timing(median_us=number, p10_us=index + 1, p90_us=2 * (index + 1), reps=reps, min_us=index + 1)
+                for index in range(len(fns))]  # fmt: skip
+
+    monkeypatch.setattr(bench, "time_interleaved", fake_time_interleaved)
+    out_json = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16", "--block",
+                                 "2", "--batch", "1,2", "--topk", "8", "--temperature", "0,1", "--reps", "3",
+                                 "--warmup", "0", "--json", str(out_json)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out_json.read_text())["rows"]
+    assert sum(n > 1 for n in calls) == 4  # one per (temperature, batch); single calls time the launch and the copy
+    for temperature in (0.0, 1.0):
+        for batch in (1, 2):
+            timed = [r for r in rows if (r["temperature"], r["batch"]) == (temperature, batch) and r["timing"]]
+            assert {r["format"] for r in timed} == {"bf16", "nvfp4"}
+            assert len({r["timing"]["median_us"] for r in timed}) == 1  # all from the same interleaved call
+            assert len(timed) == calls[int(timed[0]["timing"]["median_us"]) - 1]
+            for row in timed:  # speedups are ratios of the min times
+                if row["method"] != "select":
+                    dense = next(r for r in timed if r["method"] == "dense" and r["format"] == row["format"])
+                    assert row["speedup_vs_dense"] == dense["timing"]["min_us"] / row["timing"]["min_us"]
+    assert [r["format"] for r in rows] == sorted((r["format"] for r in rows), key=("bf16", "nvfp4").index)
+    assert all(r["timing"]["too_noisy"] and r["timing"]["spread"] == 1.0 for r in rows if r["timing"])
+    assert "100% !" in result.output and "too noisy to compare" in result.output

@@ -5,15 +5,9 @@ import pytest
 import torch
 from ckpt_factory import DraftSpec, draft_config, draft_tensors, speculators_config, specforge_config, write_draft
 
-from dspark_cli.runtime.checkpoint import (
-    CheckpointError,
-    expected_draft_tensors,
-    linear_modules,
-    open_checkpoint,
-    read_target_config,
-    vllm_prefix,
-)
+from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
 from dspark_cli.runtime.config import DraftConfig, TargetConfig, detect_format
+from dspark_cli.runtime.layout import canonical_name, expected_draft_tensors, linear_modules, vllm_prefix
 
 
 def test_single_file_checkpoint_reads_headers(draft_dir, spec):
@@ -102,6 +96,14 @@ def test_vllm_prefixes_of_linear_layers():
     qkv = linear_modules(DraftConfig.from_dict(draft_config(DraftSpec())))[0]
     assert qkv.prefix == "model.layers.0.self_attn.qkv_proj"
     assert qkv.shard_prefixes == tuple(f"model.layers.0.self_attn.{x}_proj" for x in "qkv")
+
+
+def test_canonical_names_drop_the_model_prefix_and_rename_dflash_aliases():
+    assert canonical_name("model.layers.1.mlp.up_proj.weight") == "layers.1.mlp.up_proj.weight"
+    assert canonical_name("midlayer.self_attn.q_proj.weight") == "layers.0.self_attn.q_proj.weight"
+    assert canonical_name("model.encoder.fc.weight") == "fc.weight"
+    assert canonical_name("encoder.output_norm_enc.weight") == "hidden_norm.weight"
+    assert canonical_name("d2t") == "d2t" and canonical_name("lm_head.weight") == "lm_head.weight"
 
 
 def test_formats_are_recognised():

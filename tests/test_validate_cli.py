@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 
+import pytest
 import torch
 from ckpt_factory import replace_tensor, write_draft, write_target_config
 from typer.testing import CliRunner
@@ -165,3 +166,11 @@ def test_hostile_checkpoint_files_are_one_sentence_exit_2(tmp_path, spec):
     (path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     result = invoke(path)
     assert result.exit_code == 2 and "levels deep" in one_sentence(result.output)
+
+
+@pytest.mark.parametrize("model_type", [["qwen3"], {"a": 1}, 7])
+def test_a_model_type_that_is_not_a_string_gives_a_report_not_a_traceback(tmp_path, spec, model_type):
+    draft = write_draft(tmp_path / "d", spec, edit={"architectures": ["DSparkDraftModel"], "model_type": model_type})
+    result = runner.invoke(app, ["validate", str(draft), "--json"])
+    assert result.exit_code in (0, 1), result.output  # a report, not a crash
+    assert json.loads(result.stdout)["format"]

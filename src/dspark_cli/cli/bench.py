@@ -20,7 +20,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-TABLE_WIDTH = 150  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
+TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
 
 
 class Device(str, Enum):
@@ -127,12 +127,15 @@ def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) 
 
 
 def _table(report, fmt: str, temperature: float) -> Table:
+    from dspark_cli.runtime.bench import SPREAD_LIMIT
+
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(
         title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} "
                    f"Vd={report.draft_vocab} r={report.rank} N={report.block} · {report.device_name}"),
         caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
-                     f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode"
+                     f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode · "
+                     f"spread = (p90 - min) / min, ! = over {SPREAD_LIMIT:.0%}: too noisy to compare"
                      + (" · * Triton kernel under the interpreter: tokens checked, not timed"
                         if _interpreted(report) else "")),
         title_justify="left",
@@ -142,7 +145,7 @@ def _table(report, fmt: str, temperature: float) -> Table:
     for name in ("B", "k"):
         table.add_column(name, justify="right")
     table.add_column("method")
-    for name in ("µs/step", "µs/pos", "p10–p90", "weights", "GB/s", "bound µs", "×1", "×2"):
+    for name in ("µs/step", "min µs", "µs/pos", "p10–p90", "spread", "weights", "GB/s", "bound µs", "×1", "×2"):
         table.add_column(name, justify="right")
     table.add_column("tokens")
     previous_batch = None
@@ -158,8 +161,10 @@ def _table(report, fmt: str, temperature: float) -> Table:
             "all" if row.topk is None else str(row.topk),
             _method_cell(row),
             "*" if row.mode == "interpreter" else _num(timing and timing.median_us),
+            _num(timing and timing.min_us),
             _num(row.us_per_position),
             f"{_num(timing.p10_us)}–{_num(timing.p90_us)}" if timing else "",
+            _spread_cell(timing),
             _bytes(row.weight_bytes),
             _num(row.achieved_gbps),
             _num(row.lower_bound_us),
@@ -168,6 +173,12 @@ def _table(report, fmt: str, temperature: float) -> Table:
             _tokens_cell(row),
         )
     return table
+
+
+def _spread_cell(timing) -> str:
+    if timing is None:
+        return ""
+    return f"[yellow]{timing.spread:.0%} ![/]" if timing.too_noisy else f"{timing.spread:.0%}"
 
 
 def _interpreted(report) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -103,6 +103,9 @@ def generate(
     device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, "
                               "bfloat16 or float16."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: 1 for "
+                                          "models under 100 M parameters, whose small matmuls do not scale; else "
+                                          "the cores the load average shows idle)."),
     json_path: Optional[str] = typer.Option(None, "--json", help="Write every number to this JSON file ('-' = "
                                             "stdout; the streamed text then goes to stderr)."),
 ) -> None:
@@ -128,6 +131,7 @@ def generate(
         speculative_generate,
     )
     from dspark_cli.runtime.target import TargetModel
+    from dspark_cli.runtime.threads import set_threads
 
     out = render.err_console if json_path == "-" else render.console
     if (target is None) != (draft is None):
@@ -178,6 +182,7 @@ def generate(
         draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
                                                   target_lm_head=target_model.lm_head_weight,
                                                   dtype=torch_dtype, device=torch_device)  # fmt: skip
+        set_threads(threads, target_model.model, draft_model)
     corrupt = nonfinite_warning(draft, nonfinite_weights(draft_model))
     if corrupt is not None:
         pair.warnings.append(corrupt)
@@ -232,8 +237,12 @@ def generate(
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:
-        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(),
-                          "prompts": [run.to_dict() for run in runs]}, json_path)  # fmt: skip
+        from dspark_cli.runtime.evaluation import stats_tau_interval
+
+        tau = stats_tau_interval(stats)
+        render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
+                          "prompts": [run.to_dict() for run in runs],
+                          "rounds": [[asdict(r) for r in s.rounds] for s in stats]}, json_path)  # fmt: skip
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------

@@ -17,13 +17,14 @@ import functools
 
 import torch
 
+from dspark_cli.runtime.layout import NVFP4_GROUP as GROUP_SIZE
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # the torch references below still work
     triton = None
 
-GROUP_SIZE = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 # Values of codes 0..7; codes 8..15 negate them (sign bit 3). Code 8 (-0) decodes to +0.0, as in ModelOpt.

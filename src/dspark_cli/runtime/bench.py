@@ -1,6 +1,6 @@
 """The sequential Markov stage, measured method by method (`dspark bench markov`, docs/bench.md).
 
-One draft step walks the N positions of a block for B requests (dspark-format.md §3.1-3.2):
+One draft step walks the N positions of a block for B requests (docs/format.md §3.1-3.2):
 
     e_i = W1[prev_i];  logits_i = base_i + alpha * W2 @ e_i;  d_i = pick(logits_i);  prev_i+1 = d_i + d2t[d_i]
 
@@ -76,6 +76,9 @@ INTERPRETER_BUDGET = 64
 # and its fp32 logit rows.
 INPUT_BYTES_PER_LOGIT = 48
 _FP32_ACCUMULATION = 2.0**-24  # relative rounding of one float32 addition
+# A row whose (p90 - min) / min exceeds this is flagged "too noisy to compare": on a shared CPU, two rows doing
+# the same work differ by up to this much from load alone.
+SPREAD_LIMIT = 0.25
 
 
 @dataclass(frozen=True)
@@ -180,9 +183,20 @@ class Timing:
     p10_us: float
     p90_us: float
     reps: int
+    min_us: float
+
+    @property
+    def spread(self) -> float:
+        """(p90 - min) / min: how far a typical slow repetition is from the fastest."""
+        return (self.p90_us - self.min_us) / self.min_us if self.min_us > 0 else 0.0
+
+    @property
+    def too_noisy(self) -> bool:
+        return self.spread > SPREAD_LIMIT
 
     def to_dict(self) -> dict:
-        return {"median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us, "reps": self.reps}
+        return {"median_us": self.median_us, "min_us": self.min_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
+                "spread": self.spread, "too_noisy": self.too_noisy, "reps": self.reps}  # fmt: skip
 
 
 @dataclass
@@ -498,25 +512,50 @@ def _position_scores(w: MarkovWeights, x: WalkInputs, i: int, prev: torch.Tensor
 
 
 def time_call(fn: Callable[[], object], device: str, reps: int, warmup: int) -> Timing:
-    """Median and p10/p90 of `reps` calls after `warmup`: CUDA events on CUDA, perf_counter on CPU."""
+    """Min, median and p10/p90 of `reps` calls after `warmup`: CUDA events on CUDA, perf_counter on CPU."""
+    return time_interleaved([fn], device, reps, warmup)[0]
+
+
+def interleaved_order(count: int, reps: int) -> list[list[int]]:
+    """The call order of `count` functions over `reps` rounds: every round calls each once, starting one further
+    along each round (0 1 2, 1 2 0, 2 0 1, ...), so no function always runs first or right after the same one."""
+    return [[(start + offset) % count for offset in range(count)] for start in range(reps)]
+
+
+def time_interleaved(
+    fns: list[Callable[[], object]], device: str, reps: int, warmup: int, clock: Callable[[], float] = time.perf_counter
+) -> list[Timing]:
+    """Time each of `fns` `reps` times in rotated rounds (`interleaved_order`), after `warmup` untimed rounds, so a
+    load change on a shared machine hits all of them alike. CUDA events on CUDA, `clock` (seconds) elsewhere."""
     for _ in range(warmup):
-        fn()
-    samples = []
+        for fn in fns:
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
     if device == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        recorded = []
         torch.cuda.synchronize()
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
+        for order in interleaved_order(len(fns), reps):
+            for index in order:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[index]()
+                end.record()
+                recorded.append((index, start, end))
         torch.cuda.synchronize()
-        samples = [start.elapsed_time(end) * 1e3 for start, end in events]
+        for index, start, end in recorded:
+            samples[index].append(start.elapsed_time(end) * 1e3)
     else:
-        for _ in range(reps):
-            began = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - began) * 1e6)
-    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), reps)
+        for order in interleaved_order(len(fns), reps):
+            for index in order:
+                began = clock()
+                fns[index]()
+                samples[index].append((clock() - began) * 1e6)
+    return [_timing(times) for times in samples]
+
+
+def _timing(samples: list[float]) -> Timing:
+    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples),
+                  min(samples))  # fmt: skip
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -622,12 +661,21 @@ def run_bench(
             has_d2t=first.weights.d2t is not None, reps=config.reps, warmup=config.warmup,
         )  # fmt: skip
         report.notes += _notes(config, heads)
-        for fmt in config.formats:
-            for temperature in config.temperatures:
-                for batch in config.batches:
+        for temperature in config.temperatures:
+            for batch in config.batches:
+                pending: list[tuple[Row, Callable[[], torch.Tensor]]] = []  # every format's rows of this (T, B)
+                for fmt in config.formats:
                     if progress:
                         progress(f"{fmt}, T={temperature:g}, B={batch}")
-                    report.rows += _bench_batch(config, heads[fmt], temperature, batch, report)
+                    rows, timed = _bench_batch(config, heads[fmt], temperature, batch, report)
+                    report.rows += rows
+                    pending += timed
+                if progress:
+                    progress(f"timing T={temperature:g}, B={batch}: {len(pending)} rows interleaved")
+                timings = time_interleaved([run for _, run in pending], config.device, config.reps, config.warmup)
+                for (row, _), timing in zip(pending, timings):
+                    row.timing = timing
+    report.rows.sort(key=lambda row: config.formats.index(row.fmt))  # stable: the order within a format is kept
     _add_speedups(report.rows)
     return report
 
@@ -644,6 +692,9 @@ def _notes(config: BenchConfig, heads: dict[str, Head]) -> list[str]:
                          "the NVFP4 and fused rows are their torch twins.")  # fmt: skip
     else:
         notes.append("CUDA: speedups compare like with like (graph rows with graph rows, eager with eager).")
+    notes.append(f"Every row of one (T, B) is timed interleaved with the others, both formats included (one call "
+                 f"each per round, the order rotated every round); rows whose (p90 - min) / min exceeds "
+                 f"{SPREAD_LIMIT:.0%} are marked '!': load made them too noisy to compare.")  # fmt: skip
     notes.append("Every row runs the code `dspark generate` runs; rows 2-4 include the top-k selection they share "
                  "(once per draft step), also timed alone as its own row. Bytes count reads of Markov weights only "
                  "(not logit rows or noise).")  # fmt: skip
@@ -659,20 +710,25 @@ def _interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 
-def _bench_batch(config: BenchConfig, head: Head, temperature: float, batch: int, report: BenchReport) -> list[Row]:
+def _bench_batch(
+    config: BenchConfig, head: Head, temperature: float, batch: int, report: BenchReport
+) -> tuple[list[Row], list[tuple[Row, Callable[[], torch.Tensor]]]]:
     """Rows of one (format, temperature, batch): dense once (checked on every k's inputs, timed on the first),
-    then per k the shared selection and methods 2-4. Each method is checked before it is timed."""
+    then per k the shared selection and methods 2-4; and the (row, call) pairs to time, the checked ones only."""
     seed = (config.seed * 1_000_003 + batch * 1009 + round(temperature * 97)) % 2**64  # manual_seed takes 64 bits
     gen = torch.Generator(config.device).manual_seed(seed)
     dense_rows: dict[str, Row] = {}  # by mode
     dense_runs: list[_Variant] = []  # dense on the first k's inputs, timed once every k is checked
     rows: list[Row] = []
+    timed: list[tuple[Row, Callable[[], torch.Tensor]]] = []
     for index, k in enumerate(config.topks):
         x = make_inputs(head, batch, config.block, k, temperature, gen)
         reference = reference_walk(head.weights, x)  # [B, N]
         variants = _variants(config, head, x, dense_graph=index == 0)
         checks = [check_tokens(head.weights, v.inputs, v.run(), reference[: v.inputs.batch]) for v in variants]
-        rows += _selection_rows(config, head.fmt, x, temperature, batch)
+        selection = _selection_rows(config, head.fmt, x, temperature, batch)
+        rows += [row for row, _ in selection]
+        timed += selection
         for variant, check in zip(variants, checks):
             if variant.method == "dense":
                 row = dense_rows.setdefault(variant.mode, Row(head.fmt, temperature, batch, None, "dense", variant.mode,
@@ -684,13 +740,15 @@ def _bench_batch(config: BenchConfig, head: Head, temperature: float, batch: int
             row = Row(head.fmt, temperature, batch, k, variant.method, variant.mode, variant.engine, config.block,
                       check=check, requests_checked=variant.inputs.batch)  # fmt: skip
             if variant.timed and check.ok:
-                _time_row(row, variant.run, head, config, report)
+                timed.append((row, variant.run))
+                _cost_row(row, head, report)
             rows.append(row)
     for variant in dense_runs:
         row = dense_rows[variant.mode]
         if row.check.ok:
-            _time_row(row, variant.run, head, config, report)
-    return list(dense_rows.values()) + rows
+            timed.append((row, variant.run))
+            _cost_row(row, head, report)
+    return list(dense_rows.values()) + rows, timed
 
 
 def _merge_checks(first: TokenCheck, second: TokenCheck) -> TokenCheck:
@@ -727,27 +785,28 @@ def _interpreter_requests(x: WalkInputs) -> int:
     return max(1, min(x.batch, INTERPRETER_BUDGET // per_request))
 
 
-def _selection_rows(config: BenchConfig, fmt: str, x: WalkInputs, temperature: float, batch: int) -> list[Row]:
+def _selection_rows(
+    config: BenchConfig, fmt: str, x: WalkInputs, temperature: float, batch: int
+) -> list[tuple[Row, Callable[[], torch.Tensor]]]:
+    """The shared top-k selection rows (eager, and graph on CUDA), with the calls that time them."""
+
     def select() -> torch.Tensor:
         return select_candidates(x.base, x.topk).ids
 
     runs = [("eager", select)] + ([("graph", capture_graph(select))] if config.device == "cuda" else [])
-    rows = []
-    for mode, run in runs:
-        row = Row(fmt, temperature, batch, x.topk, "select", mode, "torch", x.block)
-        row.timing = time_call(run, config.device, config.reps, config.warmup)
-        rows.append(row)
-    return rows
+    return [(Row(fmt, temperature, batch, x.topk, "select", mode, "torch", x.block), run) for mode, run in runs]
 
 
-def _time_row(row: Row, run: Callable[[], torch.Tensor], head: Head, config: BenchConfig, report: BenchReport) -> None:
-    row.timing = time_call(run, config.device, config.reps, config.warmup)
+def _cost_row(row: Row, head: Head, report: BenchReport) -> None:
+    """The weight bytes a row reads and the bandwidth lower bound of its time."""
     row.weight_bytes = weight_bytes(row.method, head, row.batch, row.block, row.topk or 0)
     row.lower_bound_us = row.weight_bytes / (report.peak_gbps * 1e3) + report.launch_us
 
 
 def _add_speedups(rows: list[Row]) -> None:
-    """Speedup of each timed method over dense and over top-k bf16 at the same configuration and mode."""
+    """Speedup of each timed method over dense and over top-k bf16 at the same configuration and mode: the ratio of
+    the min times, which interleaving keeps comparable (medians of rows doing the same work still differed up to
+    2.7x under load on a shared CPU, their mins within 3 %)."""
     timed = {(r.fmt, r.temperature, r.batch, r.topk, r.method, r.mode): r for r in rows if r.timing is not None}
     for row in timed.values():
         if row.method not in METHODS:  # the shared selection
@@ -755,9 +814,9 @@ def _add_speedups(rows: list[Row]) -> None:
         dense = timed.get((row.fmt, row.temperature, row.batch, None, "dense", row.mode))
         topk = timed.get((row.fmt, row.temperature, row.batch, row.topk, "topk", row.mode))
         if dense is not None:
-            row.speedup_vs_dense = dense.timing.median_us / row.timing.median_us
+            row.speedup_vs_dense = dense.timing.min_us / row.timing.min_us
         if topk is not None:
-            row.speedup_vs_topk = topk.timing.median_us / row.timing.median_us
+            row.speedup_vs_topk = topk.timing.min_us / row.timing.min_us
 
 
 # --- the chart ----------------------------------------------------------------------------------------------

@@ -49,14 +49,16 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def render_chat(tokenizer, text: str, source: str) -> str:
+def render_chat(tokenizer, text: str, source: str, thinking: bool | None = None) -> str:
     """One user message through the tokenizer's chat template (with the generation prompt) -> text.
-    DsparkError, naming `source` (where the tokenizer came from), when the template fails or runs away."""
+    thinking: passed as the template's enable_thinking (None: not passed). DsparkError, naming `source`
+    (where the tokenizer came from), when the template fails or runs away."""
     where = f"the chat template of {source}"
+    options = {} if thinking is None else {"enable_thinking": thinking}
     try:
         with _deadline(CHAT_TEMPLATE_SECONDS):
             rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True)  # fmt: skip
+                                                     add_generation_prompt=True, **options)  # fmt: skip
     except _TemplateTimeout:
         raise DsparkError(f"{where} was still rendering after {CHAT_TEMPLATE_SECONDS:g} s (a runaway loop?); fix "
                           "the template or pass --no-chat.") from None
@@ -73,9 +75,9 @@ def render_chat(tokenizer, text: str, source: str) -> str:
     return rendered
 
 
-def encode_prompt(tokenizer, text: str, chat: bool, source: str) -> list[int]:
+def encode_prompt(tokenizer, text: str, chat: bool, source: str, thinking: bool | None = None) -> list[int]:
     """Token ids of one prompt: through the chat template (whose text carries its own special tokens), or the
-    plain text with the tokenizer's special tokens."""
+    plain text with the tokenizer's special tokens. thinking: the template's enable_thinking (None: not passed)."""
     if chat:
-        return tokenizer(render_chat(tokenizer, text, source), add_special_tokens=False)["input_ids"]
+        return tokenizer(render_chat(tokenizer, text, source, thinking), add_special_tokens=False)["input_ids"]
     return tokenizer(text)["input_ids"]

@@ -1,4 +1,4 @@
-"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (dspark-format.md §1.2, §2).
+"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (docs/format.md §1.2, §2).
 
 One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
 input_layernorm), then the query block attends to all context and, non-causally, to itself through Qwen3 decoder
@@ -20,12 +20,9 @@ from torch import nn
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint import Checkpoint, open_checkpoint
 from dspark_cli.runtime.config import DraftConfig
+from dspark_cli.runtime.layout import IGNORED_BY_VLLM, MARKOV_W2, canonical_name
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
-
-W2_NAME = "markov_head.markov_w2.weight"
-IGNORED_TENSORS = ("t2d", "mask_embedding")  # training-only / unused by DSpark (vLLM skips them too)
-DFLASH_ALIASES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
 
 
 class RMSNorm(nn.Module):
@@ -224,7 +221,7 @@ class DSparkDraft(nn.Module):
         ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source)
         config = DraftConfig.from_dict(ckpt.config)
         config.require_runnable(ckpt.source)
-        names = {_canonical_name(name): name for name in ckpt.tensors if not name.startswith(IGNORED_TENSORS)}
+        names = {canonical_name(name): name for name in ckpt.tensors if not name.startswith(IGNORED_BY_VLLM)}
         if config.enable_confidence_head and not any(n.startswith("confidence_head.") for n in names):
             config.enable_confidence_head = False  # vLLM silently drops a head without weights; so do we
         with torch.device("meta"):
@@ -241,7 +238,7 @@ class DSparkDraft(nn.Module):
         nvfp4 = {}
         for canonical, stored in names.items():
             if canonical.startswith("markov_head.markov_w2.") and (
-                canonical != W2_NAME or ckpt.tensors[stored].dtype == "U8"
+                canonical != MARKOV_W2 or ckpt.tensors[stored].dtype == "U8"
             ):
                 nvfp4[canonical.rsplit(".", 1)[-1]] = ckpt.load_tensor(stored)
                 continue
@@ -262,7 +259,7 @@ class DSparkDraft(nn.Module):
         self._share_from_target(names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
         loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
         if nvfp4:
-            loaded.add(W2_NAME)
+            loaded.add(MARKOV_W2)
         missing = sorted(set(params) - loaded)
         if missing:
             raise DsparkError(f"{ckpt.source}: required tensor {missing[0]!r} is missing"
@@ -349,12 +346,3 @@ class DSparkDraft(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(math.prod(p.shape) for p in self.parameters())
-
-
-def _canonical_name(name: str) -> str:
-    """Map DFlash aliases (midlayer.*, encoder.*) and a `model.` prefix onto DeepSpec names."""
-    name = name.removeprefix("model.")
-    for alias, canonical in DFLASH_ALIASES:
-        if name.startswith(alias):
-            return canonical + name[len(alias):]
-    return name

@@ -8,7 +8,7 @@ For each request b and position i = 0..N-1 (prev_0 = the request's anchor, a tar
     prev_i+1 = draft_to_target(d2t, d_i)                    # back to a target id
 
 One walk (`walk`) runs this loop batch-first; how logits_i is computed is a bias function it is given
-(dspark-format.md §3.1-3.2):
+(docs/format.md §3.1-3.2):
   dense   `dense_bias`: the full [Vd] bias at every step (vLLM's `_sample_sequential`);
   topk    `gathered_bias` with a bf16/fp32 W2: candidates = the top-k of the base logits per position, fixed
           before the walk; only their W2 rows are read; the row is -inf elsewhere, so the draft distribution

@@ -37,32 +37,33 @@ from dspark_cli.runtime.checkpoint import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
     INDEX_FILE,
+    QUANT_CONFIG_FILE,
     Checkpoint,
     TensorInfo,
     open_checkpoint,
     parse_json_text,
 )
 from dspark_cli.runtime.files import atomic_output_dir, check_writable_parent, refuse_input_overlap
+from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype
+from dspark_cli.runtime.layout import (
+    MARKOV_W1,
+    MARKOV_W2,
+    MARKOV_W2_GLOBAL_SCALE,
+    MARKOV_W2_MODULE,
+    MARKOV_W2_SCALE,
+    MARLIN_K_MULTIPLE,
+    VLLM_MARKOV_W2_PREFIX,
+)
 from dspark_cli.runtime.quantize_verify import verify_quantized_output
 
-MARKOV_W2_MODULE = "markov_head.markov_w2"  # on-disk module name (no `model.` prefix)
-MARKOV_W2 = f"{MARKOV_W2_MODULE}.weight"
-MARKOV_W2_SCALE = f"{MARKOV_W2_MODULE}.weight_scale"
-MARKOV_W2_GLOBAL_SCALE = f"{MARKOV_W2_MODULE}.weight_scale_2"
-MARKOV_W1 = "markov_head.markov_w1.weight"
-# vLLM's Qwen3DSparkForCausalLM builds its backbone under prefix "model" and its loader prepends "model." to every
-# on-disk name except lm_head* and d2t, so the layer vLLM asks the quant config about is "model.markov_head.markov_w2".
-VLLM_MARKOV_W2_PREFIX = f"model.{MARKOV_W2_MODULE}"
-QUANT_CONFIG_FILE = "hf_quant_config.json"
 # vLLM recognises the legacy file by producer name "modelopt"; the version names the ModelOpt release whose
 # NVFP4QTensor.quantize both engines are bit-identical to.
 PRODUCER = {"name": "modelopt", "version": "0.47.0"}
 ENGINES = ("modelopt", "torch")
-MARLIN_K_MULTIPLE = 64  # vLLM's Marlin W4A16 kernel needs K = r to be a multiple of 64
 DEFAULT_SAMPLE_ROWS = 128  # ~0.3 s of CPU for Vd = 151936, r = 256; more rows: --sample-rows
 TOP_K_OVERLAP = 16
 _BIAS_CHUNK_ROWS = 64  # previous tokens per bias matmul: [64, Vd] fp32 is 39 MB for Vd = 151936
-_BIAS_CANDIDATES = 32  # per previous token, preselected by the bf16 bias and then ranked exactly in fp32
+_BIAS_CANDIDATES = 32  # per previous token, preselected by the screen bias and then ranked exactly in fp32
 _ERROR_CHUNK_ROWS = 16384  # weight rows per error-accumulation step
 _COPY_BUFFER_BYTES = 16 << 20
 
@@ -358,21 +359,24 @@ def bias_agreement(
     """Markov biases embeds [S, r] @ W2^T of the original W2 [Vd, r] and of the NVFP4 one (`weight`, with its
     bf16 dequantization `w2_nvfp4_bf16`): top-1 agreement, top-16 overlap, relative error.
 
-    A bf16 matmul (5x cheaper than fp32 on CPU) screens all Vd entries; its output rounding (2^-9 relative) would
-    create ties at the top, so the top-16 / top-1 are then decided on exact fp32 biases of the 32 best candidates
-    of each vector. The relative error is taken from the bf16 biases (measured within 1e-4 of the fp32 figure).
-    Runs in chunks of previous tokens, so the [S, Vd] bias matrices never exist whole.
+    A screen matmul over all Vd entries, in whichever of bf16 and fp32 is faster on this CPU (runtime/matmul_dtype.py:
+    bf16 is 2-5x faster than fp32 with AVX512-BF16/AMX and 5-7x slower without), picks 32 candidates per vector;
+    the top-16 / top-1 are then decided on exact fp32 biases of those candidates (bf16 output rounding, 2^-9
+    relative, would create ties at the top). The relative error is taken from the screen biases (the bf16 figure
+    was measured within 1e-4 of the fp32 one). Runs in chunks of previous tokens, so the [S, Vd] bias matrices
+    never exist whole.
     """
     k = min(TOP_K_OVERLAP, w2.shape[0])
     candidates = min(_BIAS_CANDIDATES, w2.shape[0])
-    w2_bf16 = w2.bfloat16()  # no copy for a bf16 checkpoint
+    screen = fast_matmul_dtype()
+    w2_screen, w2_nvfp4_screen = w2.to(screen), w2_nvfp4_bf16.to(screen)  # no copy when already in that dtype
     top1_same = 0
     overlap = 0.0
     sum_ref = sum_diff = 0.0
     for start in range(0, embeds.shape[0], _BIAS_CHUNK_ROWS):
         chunk = embeds[start : start + _BIAS_CHUNK_ROWS]  # [C, r] fp32
-        reference = chunk.bfloat16() @ w2_bf16.T  # [C, r] -> [C, Vd] bf16
-        approx = chunk.bfloat16() @ w2_nvfp4_bf16.T  # [C, Vd] bf16
+        reference = chunk.to(screen) @ w2_screen.T  # [C, r] -> [C, Vd]
+        approx = chunk.to(screen) @ w2_nvfp4_screen.T  # [C, Vd]
         ref_ids = reference.topk(candidates, dim=-1).indices  # [C, M]
         approx_ids = approx.topk(candidates, dim=-1).indices  # [C, M]
         ref_top = _exact_top(chunk, ref_ids, w2[ref_ids].float(), k)  # [C, k], largest first

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint import MARKOV_W2, Checkpoint, TensorInfo, open_checkpoint
-
-NVFP4_GROUP = 16  # elements per block scale (kernels/nvfp4.GROUP_SIZE; not imported to keep torch out)
+from dspark_cli.runtime.checkpoint import Checkpoint, TensorInfo, open_checkpoint
+from dspark_cli.runtime.layout import MARKOV_W2, NVFP4_GROUP
 
 
 def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:

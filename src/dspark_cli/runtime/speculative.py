@@ -16,7 +16,7 @@ of positions in the draft's context):
   4. bookkeeping: crop the target cache to p + accepted + 1; append the draft context K/V of the
      anchor and the accepted tokens (their target features come from the verify pass), so the
      draft's per-round context work is proportional to the new tokens. Query-block K/V are never kept.
-Stop tokens and the length limit follow DeepSpec's evaluator (docs/deepspec-inference.md §1).
+Stop tokens follow DeepSpec's evaluator; so does the length limit with length_rule="deepspec" (docs/eval.md).
 """
 
 from __future__ import annotations
@@ -264,9 +264,19 @@ def _target_vocab_probs(drafter: Drafter, logits: torch.Tensor) -> torch.Tensor:
     return full.index_copy_(1, target_ids, probs)
 
 
-def verified_length(confidences: torch.Tensor, threshold: float) -> int:
-    """How many drafted positions to verify: those whose survival Π_{i<=j} c_i >= threshold (vLLM's
-    capacity rule; survival never increases, so they form a prefix). [N] fp32 -> 0..N."""
+CONFIDENCE_RULES = ("survival", "per-slot")
+LENGTH_RULES = ("stop", "deepspec")
+
+
+def verified_length(confidences: torch.Tensor, threshold: float, rule: str = "survival") -> int:
+    """How many drafted positions to verify. [N] fp32 -> 0..N.
+
+    survival (vLLM's capacity rule): the positions whose survival Π_{i<=j} c_i >= threshold (survival never
+    increases, so they form a prefix). per-slot (DeepSpec's evaluator): the positions before the first slot
+    whose own c_j < threshold."""
+    if rule == "per-slot":
+        below = (confidences < threshold).nonzero()
+        return int(below[0, 0]) if below.numel() else int(confidences.shape[0])
     survival = torch.cumprod(confidences.double(), dim=0)  # [N]
     return int((survival >= threshold).sum())
 
@@ -295,6 +305,8 @@ def speculative_generate(
     strategy: str = "auto",
     draft_topk: int | None = None,
     confidence_threshold: float | None = None,
+    confidence_rule: str = "survival",
+    length_rule: str = "stop",
     stop_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     on_tokens: TokenCallback | None = None,
@@ -302,11 +314,16 @@ def speculative_generate(
     """Generate up to max_new_tokens after the prompt with `draft` proposing block_size tokens per round.
 
     strategy: "auto" or one of markov.STRATEGIES (ValueError if it cannot run); confidence_threshold:
-    verify only the positions whose survival is >= it (None: all). on_tokens receives each batch of
-    newly committed tokens as it is accepted.
+    verify only a prefix of the drafted positions chosen by confidence_rule (verified_length; None: all).
+    length_rule: "stop" ends when max_new_tokens are committed; "deepspec" runs one more round when exactly
+    max_new_tokens are committed (DeepSpec's evaluator loops while the anchor index is below the limit); that
+    round's tokens are trimmed away but it is recorded. on_tokens receives each batch of newly committed tokens.
     """
     if block_size < 1 or max_new_tokens < 1:
         raise ValueError(f"block_size and max_new_tokens must be >= 1, got {block_size} and {max_new_tokens}")
+    if confidence_rule not in CONFIDENCE_RULES or length_rule not in LENGTH_RULES:
+        raise ValueError(f"confidence_rule must be one of {CONFIDENCE_RULES} and length_rule one of {LENGTH_RULES}, "
+                         f"got {confidence_rule!r} and {length_rule!r}")
     if confidence_threshold is not None and draft.confidence_head is None:
         raise ValueError("a confidence threshold needs a draft with a confidence head")
     prompt = _as_ids(prompt_ids, target.device)
@@ -324,11 +341,15 @@ def speculative_generate(
     if on_tokens is not None:
         on_tokens([anchor])
     rounds: list[RoundRecord] = []
-    finished_by_stop = anchor in stops
-    while not finished_by_stop and len(tokens) < max_new_tokens:
+    stopped = anchor in stops
+    committed_total = 1  # before trimming to max_new_tokens
+    limit = max_new_tokens + (1 if length_rule == "deepspec" else 0)  # loop while committed_total < limit
+    while not stopped and committed_total < limit:
         proposal = draft_block(drafter, context, anchor, block_size, generator)
         clock.lap()  # already split into backbone and Markov time by draft_block
-        k = block_size if confidence_threshold is None else verified_length(proposal.confidences, confidence_threshold)
+        k = block_size
+        if confidence_threshold is not None:
+            k = verified_length(proposal.confidences, confidence_threshold, confidence_rule)
         accepted, next_token, features = verify_block(target, anchor, proposal, k, params, generator)
         verify_s = clock.lap()
 
@@ -341,11 +362,12 @@ def speculative_generate(
             committed = drafted + [next_token]
             record = RoundRecord(proposed=k, accepted=accepted, emitted=accepted + 1, drafted=block_size)
         new = committed[: max_new_tokens - len(tokens)]
-        finished_by_stop = new[-1] in stops
+        committed_total += len(committed)
+        stopped = committed[-1] in stops
         tokens += new
-        if on_tokens is not None:
+        if on_tokens is not None and new:
             on_tokens(new)
-        if not finished_by_stop and len(tokens) < max_new_tokens:
+        if not stopped and committed_total < limit:
             target.crop(context.length + accepted + 1)
             context.append(draft, features[: accepted + 1])
             anchor = next_token
@@ -356,7 +378,7 @@ def speculative_generate(
         rounds.append(record)
 
     stats = GenerationStats(len(prompt), len(tokens), ttft_s, clock.last - start, rounds)
-    return GenerationResult(tokens, stats, finished_by_stop)
+    return GenerationResult(tokens, stats, tokens[-1] in stops)
 
 
 def autoregressive_generate(

@@ -1,0 +1,106 @@
+"""Benchmark the cost of `dspark eval`'s bookkeeping over plain speculative generation on the same prompts.
+
+    .venv/bin/python benchmarks/bench_eval.py [--limit 8] [--max-new-tokens 128] [--repeats 3]
+
+Both sides run the shipped demo pair (float32, CPU unless CUDA is there) on the same prompts of the two shipped
+prompt sets with the same seeds (seed + prompt index) and DeepSpec's length rule, so they do identical decoding
+work. "generate" is the bare loop (runtime.speculative.speculative_generate per prompt). "eval" is what
+`dspark eval --json` adds around it: a PromptResult per prompt, the run file saved atomically after every prompt,
+and the statistics (bootstrap intervals, calibration) at the end. Prints wall-clock seconds (best of --repeats),
+the ratio eval / generate, and eval's own bookkeeping time (measured inside the eval loop, so other load on the
+machine affects it less than the ratio of two separate loops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from dspark_cli.runtime import evaluation as ev  # noqa: E402
+from dspark_cli.runtime.chat import encode_prompt  # noqa: E402
+from dspark_cli.runtime.config import DraftConfig  # noqa: E402
+from dspark_cli.runtime.demo import demo_pair  # noqa: E402
+from dspark_cli.runtime.draft import DSparkDraft  # noqa: E402
+from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.speculative import speculative_generate  # noqa: E402
+from dspark_cli.runtime.target import TargetModel  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=8, help="prompts per shipped set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target_dir, draft_dir = demo_pair()
+    indices = DraftConfig.from_dict(json.loads((draft_dir / "config.json").read_text())).hidden_state_indices
+    target = TargetModel.load(target_dir, indices, dtype=torch.float32, device=device)
+    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
+                                        target_lm_head=target.lm_head_weight, device=device)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    sets = [ev.read_prompt_set(path, args.limit) for path in ev.SHIPPED_SETS]
+    params = SamplingParams()
+
+    inside = [0.0]  # seconds spent in generate() itself during the eval loop
+
+    def generate(prompt: str, seed: int):
+        start = time.perf_counter()
+        ids = encode_prompt(tokenizer, prompt, chat=False, source=str(target_dir))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        result = speculative_generate(target, draft, ids, params, block_size=7, max_new_tokens=args.max_new_tokens,
+                                      length_rule="deepspec", generator=generator)  # fmt: skip
+        inside[0] += time.perf_counter() - start
+        return result
+
+    def plain_loop() -> None:
+        for prompt_set in sets:
+            for index, prompt in enumerate(prompt_set.prompts):
+                generate(prompt, index)
+
+    def eval_loop(folder: Path) -> None:
+        run = ev.EvalRun({"block_size": 7}, sets)
+        path = folder / "run.json"
+        for prompt_set in sets:
+            ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: ev.prompt_result(
+                name, i, text, generate(text, i)), lambda _: run.save(path))  # fmt: skip
+        rows = {s.name: ev.set_statistics(run.results_of(s), 7, args.max_new_tokens) for s in sets}
+        rows["all"] = ev.set_statistics(run.results, 7, args.max_new_tokens)
+        run.save(path, rows)
+
+    generate(sets[0].prompts[0], 0)  # warm-up
+    with tempfile.TemporaryDirectory() as tmp:
+        timings = {"generate": [], "eval": [], "bookkeeping": []}
+        for _ in range(args.repeats):
+            for name, body in (("generate", plain_loop), ("eval", lambda: eval_loop(Path(tmp)))):
+                inside[0] = 0.0
+                start = time.perf_counter()
+                body()
+                timings[name].append(time.perf_counter() - start)
+            timings["bookkeeping"].append(timings["eval"][-1] - inside[0])
+    best = {name: min(values) for name, values in timings.items()}
+    prompts = sum(len(s.prompts) for s in sets)
+    print(f"demo pair, {device}, {prompts} prompts x {args.max_new_tokens} new tokens, best of {args.repeats}")
+    print(f"  generate loop  {best['generate']:.2f} s")
+    print(f"  eval (records, run file after each prompt, statistics)  {best['eval']:.2f} s")
+    print(f"  eval / generate = {best['eval'] / best['generate']:.3f}  (both loops share a noisy machine)")
+    print(f"  eval's own bookkeeping (eval time outside generate)  {best['bookkeeping']:.3f} s = "
+          f"{best['bookkeeping'] / best['generate']:.3f} of the generate loop")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""`dspark eval`: DeepSpec's acceptance table for any draft, per prompt set, with confidence intervals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.cli import render
+from dspark_cli.errors import EXIT_INTERRUPTED
+
+HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
+.txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
+calibration in both definitions, and with --baseline the speedup. Without arguments: the shipped demo pair on its two
+shipped prompt sets, offline. --json saves the run after every prompt; --resume continues it. docs/eval.md."""
+
+# The options that decide what a prompt produces: a resumed run must use the values stored in its file.
+RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
+            "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit")  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", help=HELP)(eval_command)
+
+
+@render.handle_errors
+def eval_command(
+    ctx: typer.Context,
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
+    draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
+    data: Optional[list[Path]] = typer.Option(None, "--data", help="Prompt set: .jsonl ('turns' list, first turn; "
+                                              "or 'prompt') or .txt (paragraphs, else lines). Repeat for more."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N prompts per set (DeepSpec's "
+                                        "choice: the first N after a seeded shuffle)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Wrap prompts in the chat template "
+                                        "(default: when the tokenizer has one)."),
+    thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="enable_thinking for the chat template "
+                                  "(DeepSpec's evaluator: off)."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: trained)."),
+    markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused."),
+    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only "
+                                                         "a prefix chosen by the confidence head (--confidence-rule)."),
+    confidence_rule: str = typer.Option("survival", "--confidence-rule", help="survival: keep positions while "
+                                        "prod(c_i) >= X (vLLM); per-slot: cut at the first c_j < X (DeepSpec)."),
+    baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly: tokens/s and speedup."),
+    seed: int = typer.Option(0, "--seed", help="Prompt i of a set draws with seed + i (DeepSpec)."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Tokens per prompt."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Run file: every number and every round, saved "
+                                             "atomically after each prompt."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="An earlier run file: print the τ difference "
+                                           "with its 95% interval, and whether it is significant."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
+                                          "kept, only missing ones run (saved back to it unless --json)."),
+) -> None:
+    import torch
+
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime import evaluation as ev
+    from dspark_cli.runtime.speculative import CONFIDENCE_RULES
+
+    out = render.console
+    given = {name: value for name, value in ctx.params.items()
+             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}  # fmt: skip
+    old = ev.EvalRun.load(compare) if compare is not None else None
+    if resume is not None:
+        run = ev.EvalRun.load(resume)
+        _check_resume(run.settings, given, resume)
+        settings = dict(run.settings)
+        paths = data or [Path(s.path) for s in run.sets]
+        sets = run.sets if data is None else [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in paths]
+        run.sets = sets
+        json_path = json_path or resume
+    else:
+        if (target is None) != (draft is None):
+            raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
+        if target is None:
+            from dspark_cli.runtime.demo import demo_pair
+
+            target_path, draft_path = demo_pair()
+            target, draft = str(target_path), str(draft_path)
+            data = data or list(ev.SHIPPED_SETS)
+        if not data:
+            raise DsparkError("give at least one prompt set with --data FILE.")
+        if confidence_rule not in CONFIDENCE_RULES:
+            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {confidence_rule!r}.")
+        if confidence_threshold is not None and not 0.0 < confidence_threshold <= 1.0:
+            raise DsparkError(f"--confidence-threshold must be in (0, 1], got {confidence_threshold}.")
+        sets = [ev.read_prompt_set(path, limit, seed) for path in data]
+        settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
+                    "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
+                    "confidence_rule": confidence_rule, "max_new_tokens": max_new_tokens, "seed": seed, "chat": chat,
+                    "thinking": thinking, "baseline": baseline, "limit": limit}  # fmt: skip
+        run = ev.EvalRun(settings, sets)
+    names = [s.name for s in sets]
+    if len(set(names)) != len(names):
+        raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
+    _check_outputs(settings, sets, compare, json_path, markdown_path)
+
+    session = _load(settings, sets, out, torch)
+    run.settings = settings
+    block = settings["block_size"]
+
+    def save(_result=None) -> None:
+        if json_path is not None:
+            run.save(json_path)
+
+    try:
+        _run_sets(run, sets, session, save, out)
+    except KeyboardInterrupt:
+        if json_path is None:
+            raise
+        render.err_console.print(f"[yellow]interrupted[/]: the {len(run.results)} finished prompts are saved in "
+                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")  # fmt: skip
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
+    everything = [r for s in sets for r in run.results_of(s)]
+    rows.append(("all", ev.set_statistics(everything, block, settings["max_new_tokens"])))
+    statistics = {name: stats for name, stats in rows}
+    if old is not None:
+        statistics["compare"] = _compare(run, old, sets)
+    print_report(out, settings, rows)
+    if old is not None:
+        print_compare(out, statistics["compare"], compare)
+        differing = [f"{k} {settings.get(k)!r} vs {old.settings.get(k)!r}" for k in RUN_KEYS
+                     if k not in ("baseline", "limit", "device") and settings.get(k) != old.settings.get(k)]
+        if differing:
+            out.print(Text("the two runs differ in: " + "; ".join(differing), style="yellow"))
+    if json_path is not None:
+        run.save(json_path, statistics)
+    if markdown_path is not None:
+        from dspark_cli.runtime.files import atomic_write_text
+
+        atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings))
+
+
+def _run_sets(run, sets, session, save, out: Console) -> None:
+    """Run the missing prompts of every set, one progress bar per set, saving after each prompt."""
+    from dspark_cli.runtime import evaluation as ev
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as progress:  # fmt: skip
+        for prompt_set in sets:
+            finished = len(run.results_of(prompt_set))
+            task = progress.add_task(prompt_set.name, total=len(prompt_set.prompts), completed=finished)
+
+            def done(result, task=task) -> None:
+                save(result)
+                progress.advance(task)
+
+            ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: session(name, i, text), done)
+
+
+def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
+    """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
+    pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
+    from dspark_cli.runtime.files import check_output_file, local_inputs
+
+    inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
+              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))  # fmt: skip
+    check_output_file(json_path, inputs, "--json file")
+    check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
+
+
+def _duplicate(names: list[str]) -> str:
+    return next(name for name in names if names.count(name) > 1)
+
+
+def _check_resume(stored: dict, given: dict, path: Path) -> None:
+    from dspark_cli.errors import DsparkError
+
+    for key in RUN_KEYS:
+        if key in given and given[key] != stored.get(key):
+            flag = "--" + key.replace("_", "-")
+            raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
+                              "resume with the stored settings, or start a new run.")
+
+
+def _load(settings: dict, sets: list, out: Console, torch):
+    """Resolve and check the pair, encode every prompt (checked against the target's context), load the pair, and
+    return session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov
+    strategy and chat into `settings`."""
+    from dspark_cli.cli.generate import MARKOV_CHOICES, _device, _dtype, _stop_ids, _tokenizer
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime import evaluation as ev
+    from dspark_cli.runtime.chat import encode_prompt
+    from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
+    from dspark_cli.runtime.config import DraftConfig
+    from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
+    from dspark_cli.runtime.sampling import SamplingParams
+    from dspark_cli.runtime.speculative import (autoregressive_generate, check_context, check_pair, context_limit,
+                                                speculative_generate)
+    from dspark_cli.runtime.target import TargetModel
+
+    s = settings
+    if s["markov"] not in MARKOV_CHOICES:
+        raise DsparkError(f"--markov must be one of {', '.join(MARKOV_CHOICES)}, got {s['markov']!r}.")
+    torch_device = _device(s["device"], torch)
+    torch_dtype = _dtype(s["dtype"], torch_device, torch)
+    ckpt = open_checkpoint(s["draft"])
+    target_config = read_target_config(s["target"])
+    pair = check_pair(ckpt, target_config, s["block_size"], None)
+    for warning in pair.warnings:
+        out.print(Text(f"warning: {warning}", style="yellow"))
+    tokenizer = _tokenizer(s["target"])
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    use_chat = has_template if s["chat"] is None else s["chat"]
+    if use_chat and not has_template:
+        raise DsparkError(f"--chat: the tokenizer of {s['target']} has no chat template; pass --no-chat.")
+    encoded = {}  # (set name, index) -> token ids
+    for prompt_set in sets:
+        for index, text in enumerate(prompt_set.prompts):
+            ids = encode_prompt(tokenizer, text, use_chat, s["target"], s["thinking"])
+            if not ids:
+                raise DsparkError(f"prompt {index + 1} of {prompt_set.path} encodes to no tokens; remove it.")
+            encoded[prompt_set.name, index] = ids
+    for prompt_set in sets:
+        lengths = [len(encoded[prompt_set.name, i]) for i in range(len(prompt_set.prompts))]
+        check_context(lengths, s["max_new_tokens"], context_limit(target_config), s["target"])
+    with out.status("loading the target and the draft"):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        indices = DraftConfig.from_dict(ckpt.config).hidden_state_indices
+        target_model = TargetModel.load(s["target"], indices, dtype=torch_dtype, device=torch_device)
+        draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
+                                                  target_lm_head=target_model.lm_head_weight,
+                                                  dtype=torch_dtype, device=torch_device)  # fmt: skip
+    if s["confidence_threshold"] is not None and draft_model.confidence_head is None:
+        raise DsparkError(f"{s['draft']} has no confidence head, so --confidence-threshold cannot be used.")
+    params = SamplingParams(temperature=s["temperature"])
+    try:
+        strategy = choose_strategy(s["markov"], MarkovWeights.from_draft(draft_model), pair.draft_topk, params,
+                                   torch_device.type == "cuda")  # fmt: skip
+    except ValueError as error:
+        raise DsparkError(f"--markov {s['markov']}: {error}.") from None
+    stop_ids = _stop_ids(target_model, tokenizer)
+    s.update(block_size=pair.block_size, device=str(torch_device), dtype=str(torch_dtype).removeprefix("torch."),
+             markov=strategy, chat=use_chat)  # fmt: skip
+
+    def speculative(ids, tokens, seed):
+        generator = torch.Generator(device=torch_device).manual_seed(seed)
+        return speculative_generate(target_model, draft_model, ids, params, block_size=pair.block_size,
+                                    max_new_tokens=tokens, strategy=strategy, draft_topk=pair.draft_topk,
+                                    confidence_threshold=s["confidence_threshold"],
+                                    confidence_rule=s["confidence_rule"], length_rule="deepspec",
+                                    stop_ids=stop_ids, generator=generator)  # fmt: skip
+
+    def plain(ids, tokens, seed):
+        generator = torch.Generator(device=torch_device).manual_seed(seed)
+        return autoregressive_generate(target_model, ids, params, max_new_tokens=tokens, stop_ids=stop_ids,
+                                       generator=generator)  # fmt: skip
+
+    warm = [True]
+
+    def session(set_name: str, index: int, text: str):
+        ids = encoded[set_name, index]
+        if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
+            speculative(ids, min(s["max_new_tokens"], pair.block_size + 2), s["seed"])
+            if s["baseline"]:
+                plain(ids, min(s["max_new_tokens"], 4), s["seed"])
+            warm[0] = False
+        result = speculative(ids, s["max_new_tokens"], s["seed"] + index)
+        reference = plain(ids, s["max_new_tokens"], s["seed"] + index) if s["baseline"] else None
+        return ev.prompt_result(set_name, index, text, result, reference)
+
+    return session
+
+
+def _compare(run, old, sets) -> dict:
+    from dspark_cli.runtime import evaluation as ev
+
+    by_name = {s.name: s for s in old.sets}
+    comparison = {}
+    for prompt_set in sets:
+        if prompt_set.name in by_name:
+            earlier = old.results_of(by_name[prompt_set.name])
+            comparison[prompt_set.name] = ev.compare_tau(run.results_of(prompt_set), earlier)
+    everything = [r for s in sets for r in run.results_of(s)]
+    before = [r for s in old.sets for r in old.results_of(s)]
+    comparison["all"] = ev.compare_tau(everything, before)
+    return comparison
+
+
+# --- report ---------------------------------------------------------------------------------------------------------
+
+
+def _n(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> None:
+    s = settings
+    cut = ""
+    if s["confidence_threshold"] is not None:
+        cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
+    out.print(Text("\ndspark eval", style="bold") + Text(
+        f"  block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
+        f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
+    out.print(_main_table(rows))
+    out.print(_positions_table(rows, s["block_size"]))
+    if any(stats["summary"]["calibration"] for _, stats in rows):
+        out.print(_calibration_table(rows))
+
+
+def _main_table(rows) -> Table:
+    table = Table(title="τ per prompt set (docs/eval.md)", title_justify="left", padding=(0, 1))
+    for column in ("dataset", "prompts", "rounds", "τ", "95% CI", "τ ≤ limit", "verify", "tok/s", "speedup"):
+        table.add_column(column, justify="left" if column == "dataset" else "right")
+    for name, stats in rows:
+        summary = stats["summary"]
+        low, high = stats["tau_ci"]
+        base = summary["baseline"]
+        table.add_row(name, str(stats["prompts"]), str(summary["rounds"]), _n(stats["tau"]), f"[{_n(low)}, {_n(high)}]",
+                      _n(stats["tau_within_limit"]), _n(stats["verify_rate"], 3), _n(summary["tokens_per_s"], 1),
+                      f"{_n(base['speedup'])}×" if base and base["speedup"] else "-")  # fmt: skip
+    return table
+
+
+def _positions_table(rows, block: int) -> Table:
+    """Per position j: DeepSpec's accept_rate@j / the conditional rate; then the accepted-count histogram."""
+    table = Table(title="per position j: accept_rate@j / conditional@j; histogram: rounds accepting a drafts",
+                  title_justify="left", padding=(0, 1))  # fmt: skip
+    table.add_column("j or a", justify="right")
+    for name, _ in rows:
+        table.add_column(name, justify="right")
+    for j in range(block):
+        table.add_row(f"j={j}", *(f"{_n(st['summary']['accept_rate'][j])} / "
+                                  f"{_n(st['summary']['acceptance_conditional'][j])}" for _, st in rows))  # fmt: skip
+    for a in range(block + 1):
+        table.add_row(f"a={a}", *(str(st["summary"]["accepted_histogram"][a]) for _, st in rows),
+                      end_section=a == block)  # fmt: skip
+    return table
+
+
+def _calibration_table(rows) -> Table:
+    table = Table(title="calibration of Π c_i: per-position mean (DeepSpec) and pooled (docs/metrics.md)",
+                  title_justify="left", padding=(0, 1))  # fmt: skip
+    for column in ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"):
+        table.add_column(column, justify="left" if column == "dataset" else "right")
+    for name, stats in rows:
+        calibration = stats["summary"]["calibration"]
+        if calibration is None:
+            continue
+        pooled, mean = calibration["survival"], stats["calibration_per_position_mean"]
+        table.add_row(name, str(pooled["count"]), _n(mean["ece"], 3), _n(mean["auroc"], 3), _n(mean["brier"], 3),
+                      _n(pooled["ece"], 3), _n(pooled["auroc"], 3), _n(pooled["brier"], 3))  # fmt: skip
+    return table
+
+
+def print_compare(out: Console, comparison: dict, path: Path) -> None:
+    table = Table(title=f"τ difference: this run − {path.name} (95% bootstrap interval)", title_justify="left",
+                  padding=(0, 1))  # fmt: skip
+    for column in ("dataset", "Δτ", "95% CI", "pairing", "verdict"):
+        table.add_column(column, justify="left" if column in ("dataset", "verdict", "pairing") else "right")
+    for name, c in comparison.items():
+        low, high = c["ci"]
+        verdict = "-" if c["significant"] is None else ("significant" if c["significant"] else "not significant")
+        table.add_row(name, _n(c["difference"], 3), f"[{_n(low, 3)}, {_n(high, 3)}]",
+                      "paired by prompt" if c["paired"] else "unpaired", verdict)  # fmt: skip
+    out.print(table)
