@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,22 +18,13 @@ from typer.testing import CliRunner
 import dspark_cli
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.kernels.markov import (
-    gathered_bias_reference,
-    markov_walk_reference,
-    markov_walk_triton,
-    nvfp4_gathered_bias,
-    nvfp4_gathered_bias_reference,
-)
 from dspark_cli.runtime import markov as runtime_markov
 from dspark_cli.runtime.bench import (
     BenchConfig,
     WalkInputs,
     check_tokens,
-    dense_walk,
-    fused_walk,
-    gathered_walk,
     make_inputs,
+    method_walk,
     random_heads,
     reference_walk,
     weight_bytes,
@@ -44,8 +36,10 @@ runner = CliRunner()
 
 
 def heads(dtype: torch.dtype, draft_vocab: int, formats=("bf16", "nvfp4")):
+    """Random heads with a logit scale of 0.75 (random_heads draws 1), so a walk that drops the scale is caught."""
     config = BenchConfig(formats=formats, topks=(TOPK,), dtype=dtype, seed=1)
-    return random_heads(config, VOCAB, draft_vocab, RANK)
+    drawn = random_heads(config, VOCAB, draft_vocab, RANK)
+    return {fmt: replace(head, weights=replace(head.weights, scale=0.75)) for fmt, head in drawn.items()}
 
 
 def inputs(head, temperature: float, seed: int = 0, block: int = BLOCK) -> WalkInputs:
@@ -55,16 +49,15 @@ def inputs(head, temperature: float, seed: int = 0, block: int = BLOCK) -> WalkI
 def every_method(head, x: WalkInputs) -> dict[str, torch.Tensor]:
     """Tokens [B, N] of every way the bench walks x, the Triton kernels included (interpreter on CPU)."""
     w = head.weights
-    rows = torch.empty_like(x.base)
     tokens = {
-        "dense": dense_walk(w, x),
-        "topk": gathered_walk(w, x, rows, gathered_bias_reference, w.w2),
-        "fused twin": fused_walk(w, x, markov_walk_reference),
-        "fused kernel": fused_walk(w, x, markov_walk_triton),
+        "dense": method_walk("dense", w, x),
+        "topk": method_walk("topk", w, x),
+        "fused twin": method_walk("fused", w, x, triton=False),
+        "fused kernel": method_walk("fused", w, x, triton=True),
     }
     if head.fmt == "nvfp4":
-        tokens["nvfp4 twin"] = gathered_walk(w, x, rows, nvfp4_gathered_bias_reference, w.w2_nvfp4)
-        tokens["nvfp4 kernel"] = gathered_walk(w, x, rows, nvfp4_gathered_bias, w.w2_nvfp4)
+        tokens["nvfp4 twin"] = method_walk("nvfp4", w, x, triton=False)
+        tokens["nvfp4 kernel"] = method_walk("nvfp4", w, x, triton=True)
     return tokens
 
 
@@ -105,13 +98,13 @@ def test_batched_methods_match_the_runtime_strategies_per_request(temperature):
     head = heads(torch.float32, 384, formats=("nvfp4",))["nvfp4"]
     x = inputs(head, temperature)
     params = SamplingParams(temperature=temperature)
-    batched = dense_walk(head.weights, x)
+    batched = method_walk("dense", head.weights, x)
     for b in range(BATCH):
-        noise = None if x.noise is None else x.noise[b]
+        noise = None if x.noise is None else x.noise[b : b + 1]
         for strategy in ("dense", "topk", "nvfp4", "fused"):
-            result = runtime_markov.markov_walk(strategy, head.weights, x.base[b], int(x.first_prev[b]), params,
-                                                noise=noise, draft_topk=TOPK)  # fmt: skip
-            assert torch.equal(result.tokens, batched[b]), (b, strategy)
+            result = runtime_markov.markov_walk(strategy, head.weights, x.base[b : b + 1], x.first_prev[b : b + 1],
+                                                params, noise=noise, draft_topk=TOPK)  # fmt: skip
+            assert torch.equal(result.tokens[0], batched[b]), (b, strategy)
 
 
 def test_check_tokens_flags_a_wrong_walk():
@@ -243,7 +236,13 @@ def test_bad_options_are_one_sentence_and_exit_2(args, message):
 def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_path, monkeypatch):
     from dspark_cli.runtime import bench
 
-    monkeypatch.setattr(bench, "dense_walk", lambda w, x: reference_walk(w, x).flip(0))  # requests swapped
+    walk = bench.method_walk  # dense swaps the requests' tokens; the other methods are the runtime's
+
+    def swapped_dense(method, w, x, triton=None):
+        tokens = walk(method, w, x, triton)
+        return tokens.flip(0) if method == "dense" else tokens
+
+    monkeypatch.setattr(bench, "method_walk", swapped_dense)
     out_json = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16", "--block",
                                  "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0",

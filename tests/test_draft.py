@@ -4,6 +4,7 @@ from ckpt_factory import DraftSpec, drop, rename, write_draft
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.markov import draft_to_target
 
 
 def _context(model, length, seed=0):
@@ -65,7 +66,7 @@ def test_embed_and_lm_head_are_shared_from_the_target(tmp_path, spec):
 
 def test_reduced_vocab_maps_draft_ids_through_d2t(tmp_path, spec):
     model = DSparkDraft.from_checkpoint(write_draft(tmp_path / "d", spec.with_(draft_vocab_size=64)))
-    targets = model.draft_to_target(torch.arange(64))
+    targets = draft_to_target(model.d2t, torch.arange(64))
     assert targets.unique().numel() == 64 and targets.max() < spec.vocab_size and targets[-1] == spec.vocab_size - 1
 
 

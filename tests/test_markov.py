@@ -6,7 +6,8 @@ import torch
 from ckpt_factory import reduced_vocab_d2t
 
 from dspark_cli.kernels.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from dspark_cli.runtime.markov import MarkovWeights, choose_strategy, markov_walk
+from dspark_cli.runtime import markov
+from dspark_cli.runtime.markov import MarkovResult, MarkovWeights, choose_strategy, draft_to_target
 from dspark_cli.runtime.sampling import SamplingParams, gumbel_noise, processed_logits
 
 V, VD, R, N = 40, 24, 32, 6  # target vocab, draft vocab (reduced, with d2t), Markov rank, block
@@ -41,6 +42,14 @@ def noise_for(params: SamplingParams, seed: int = 2):
 
 def target_ids(weights: MarkovWeights, draft_ids: torch.Tensor) -> torch.Tensor:
     return draft_ids + weights.d2t[draft_ids]
+
+
+def markov_walk(strategy, weights, base, anchor, params, noise=None, draft_topk=None) -> MarkovResult:
+    """One block through the batch-first walk: base [N, Vd], noise [N, Vd] -> the request's result ([N], ...)."""
+    batched = markov.markov_walk(strategy, weights, base[None], torch.tensor([anchor]), params,
+                                 None if noise is None else noise[None], draft_topk)  # fmt: skip
+    embeds = None if batched.embeds is None else batched.embeds[0]
+    return MarkovResult(tokens=batched.tokens[0], logits=batched.logits[0], embeds=embeds)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "gumbel"])
@@ -93,6 +102,31 @@ def test_walk_samples_from_the_distribution_it_reports(weights, base, strategy, 
     else:
         picks = (processed_logits(walk.logits, params) + noise).argmax(-1)
     assert walk.tokens.tolist() == target_ids(weights, picks).tolist()
+
+
+@pytest.mark.parametrize("strategy", ["dense", "topk", "nvfp4", "fused"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "gumbel"])
+def test_a_batch_walks_each_request_as_if_alone(weights, strategy, params):
+    """B = 3 blocks with their own base logits, anchors and noise: each row of the batched walk is that
+    request's own walk (no request reads another's previous token)."""
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(3, N, VD, generator=gen) * 2  # [B, N, Vd]
+    anchors = torch.tensor([ANCHOR, 3, 29])
+    noise = None if params.greedy else gumbel_noise((3, N, VD), gen)
+    batched = markov.markov_walk(strategy, weights, base, anchors, params, noise, draft_topk=7)
+    assert batched.tokens.shape == (3, N) and batched.embeds.shape == (3, N, R)
+    for b in range(3):
+        alone = markov_walk(strategy, weights, base[b], int(anchors[b]), params,
+                            None if noise is None else noise[b], draft_topk=7)  # fmt: skip
+        assert batched.tokens[b].tolist() == alone.tokens.tolist(), (strategy, b)
+        torch.testing.assert_close(batched.logits[b], alone.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched.embeds[b], alone.embeds)
+
+
+def test_draft_to_target_adds_the_offsets_of_the_draft_ids():
+    d2t = torch.tensor([2, 2, 5])  # draft ids 0, 1, 2 -> target ids 2, 3, 7
+    assert draft_to_target(d2t, torch.tensor([[2, 0], [1, 1]])).tolist() == [[7, 2], [3, 3]]
+    assert draft_to_target(None, torch.tensor([2, 0])).tolist() == [2, 0]  # full vocabulary: the same ids
 
 
 def test_draft_without_markov_head_picks_each_position_from_its_base_logits(base):

@@ -28,9 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 THIS_FILE = "tests/test_self_contained.py"
 
 PENDING = {
-    "src/dspark_cli/runtime/markov.py",
-    "src/dspark_cli/runtime/bench.py",
-    "src/dspark_cli/runtime/draft.py",
     "tests/test_speculative.py",
     "docs/architecture.md",
     "docs/generate.md",

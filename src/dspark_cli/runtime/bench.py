@@ -1,27 +1,29 @@
 """The sequential Markov stage, measured method by method (`dspark bench markov`, docs/bench.md).
 
-One draft step walks the N positions of a block for B requests (dspark-format.md §3.1-3.2):
+One draft step walks the N positions of a block for B requests (docs/format.md §3.1-3.2):
 
     e_i = W1[prev_i];  logits_i = base_i + alpha * W2 @ e_i;  d_i = pick(logits_i);  prev_i+1 = d_i + d2t[d_i]
 
-Methods (all batch-first, all fed the same inputs):
-  dense  per position: [B, r] x [r, Vd] + add + argmax / Gumbel-max over [B, Vd]      (vLLM's default path)
-  topk   per draft step: fill a [B, N, Vd] buffer with -inf; per position: gather k W2 rows + bmm + scatter
-         into the -inf row + argmax / Gumbel-max over it                                 (`dspark_draft_topk`)
+Each method is a strategy of the runtime's walk (runtime.markov.markov_walk), timed exactly as `dspark generate`
+runs it, batch-first, fed the same inputs:
+  dense  per position: [B, r] x [r, Vd] + add + argmax / Gumbel-max over [B, Vd] fp32     (vLLM's default path)
+  topk   per draft step: the top-k selection and a [B, N, Vd] fp32 buffer of -inf; per position: gather k W2 rows
+         + bmm + scatter into the -inf row + argmax / Gumbel-max over it                 (`dspark_draft_topk`)
   nvfp4  as topk with the NVFP4 W2 (the `nvfp4_gathered_bias` kernel on CUDA, its torch twin elsewhere)
-  fused  the whole walk in one kernel (`kernels.markov.markov_walk`)
-The top-k selection of the base logits (shared by topk, nvfp4 and fused, once per draft step) is timed
-as its own row ("select").
+  fused  the top-k selection, then the whole walk in one kernel (`kernels.markov.markov_walk`)
+The top-k selection that topk, nvfp4 and fused run first (once per draft step) is also timed alone
+("select").
 
 Inputs make the four agree: the base logits are -inf outside k candidates per position (the top-k of
 random logits), so the dense path ranks the same tokens as the gathered ones. Before anything is
 timed, every method's tokens are checked against the float32 reference walk; a token may differ from
 the reference only where its score is within the rounding of the method's dtype of the best score
-(bf16 rows round scores; see `check_tokens`).
+(bf16 weights round scores; see `check_tokens`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -31,11 +33,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.markov import MarkovWeights
-from dspark_cli.runtime.sampling import gumbel_argmax, gumbel_noise
+from dspark_cli.runtime.markov import (
+    Candidates,
+    MarkovWeights,
+    draft_to_target,
+    fused_walk,
+    markov_walk,
+    select_candidates,
+)
+from dspark_cli.runtime.sampling import SamplingParams, gumbel_noise
 
 METHODS = ("dense", "topk", "nvfp4", "fused")
 FORMATS = ("bf16", "nvfp4")
@@ -63,9 +71,10 @@ PEAK_GBPS = (
 )
 # Triton-interpreter work allowed per kernel check: programs x positions (~5-15 ms each on a CPU core).
 INTERPRETER_BUDGET = 64
-# Bytes per [B, N, Vd] logit entry a batch holds at once: random logits, base row, Gumbel noise, scratch row and
-# the reference walk's scores (fp32 or bf16 each), rounded up.
-INPUT_BYTES_PER_LOGIT = 24
+# Bytes per [B, N, Vd] logit entry a batch holds at once, rounded up: random logits, base row and Gumbel noise
+# (fp32 or bf16 each), and per live walk (eager, and each method's CUDA graph) its fp32 copy of the base logits
+# and its fp32 logit rows.
+INPUT_BYTES_PER_LOGIT = 48
 _FP32_ACCUMULATION = 2.0**-24  # relative rounding of one float32 addition
 # A row whose (p90 - min) / min exceeds this is flagged "too noisy to compare": on a shared CPU, two rows doing
 # the same work differ by up to this much from load alone.
@@ -415,78 +424,31 @@ def make_inputs(head: Head, batch: int, block: int, topk: int, temperature: floa
     del logits
     base = torch.full((batch, block, head.draft_vocab), float("-inf"), dtype=dtype, device=device)
     base.scatter_(-1, top_ids, top_values.to(dtype))
-    values, cand_ids = select_candidates(base, topk)
+    candidates = select_candidates(base, topk)
     first_prev = torch.randint(0, head.vocab, (batch,), generator=gen, device=device)  # [B] target ids
     noise = gumbel = None
     if temperature > 0:
         noise = gumbel_noise((batch, block, head.draft_vocab), gen, device)  # [B, N, Vd]
-        gumbel = noise.gather(-1, cand_ids)  # [B, N, k]
-    return WalkInputs(base, values, cand_ids, first_prev, temperature, noise, gumbel)
-
-
-def select_candidates(base: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared top-k selection, once per draft step: [B, N, Vd] -> values, draft ids [B, N, k]."""
-    return base.topk(topk, dim=-1)
+        gumbel = noise.gather(-1, candidates.ids)  # [B, N, k]
+    return WalkInputs(base, candidates.values, candidates.ids, first_prev, temperature, noise, gumbel)
 
 
 # --- the methods --------------------------------------------------------------------------------------------
 
 
-def _pick(row: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """[B, Vd] logits -> [B] draft ids: argmax, or argmax(logits / T + g) (vLLM's gumbel_sample)."""
-    return row.argmax(-1) if noise is None else gumbel_argmax(row, temperature, noise)
-
-
-def _to_target(d2t: torch.Tensor | None, draft_ids: torch.Tensor) -> torch.Tensor:
-    return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
-
-
-def _noise_at(x: WalkInputs, i: int) -> torch.Tensor | None:
-    return None if x.noise is None else x.noise[:, i]
-
-
-def dense_walk(w: MarkovWeights, x: WalkInputs) -> torch.Tensor:
-    """Method 1, vLLM's `_sample_sequential`: the full [B, Vd] bias at every position. -> [B, N] target ids."""
-    tokens = torch.empty(x.batch, x.block, dtype=torch.long, device=x.base.device)
-    prev = x.first_prev
-    for i in range(x.block):
-        embed = w.w1[prev]  # [B] -> [B, r]
-        bias = F.linear(embed, w.w2)  # [B, r] x [r, Vd] -> [B, Vd]
-        if w.scale != 1.0:
-            bias.mul_(w.scale)
-        logits = x.base[:, i] + bias  # [B, Vd]
-        prev = _to_target(w.d2t, _pick(logits, _noise_at(x, i), x.temperature))
-        tokens[:, i] = prev
-    return tokens
-
-
-def gathered_walk(w: MarkovWeights, x: WalkInputs, rows: torch.Tensor, add_bias: Callable, w2) -> torch.Tensor:
-    """Methods 2 and 3, vLLM's `dspark_draft_topk` path. rows: a [B, N, Vd] scratch buffer, refilled with -inf
-    once per draft step; per position `add_bias` scatters the k corrected candidates into row i, which the
-    sampler then reads whole. add_bias: gathered_bias_reference (dense W2) or nvfp4_gathered_bias[_reference]."""
-    tokens = torch.empty(x.batch, x.block, dtype=torch.long, device=x.base.device)
-    rows.fill_(float("-inf"))
-    prev = x.first_prev
-    for i in range(x.block):
-        embed = w.w1[prev]  # [B] -> [B, r]
-        add_bias(embed, w2, x.values[:, i], x.cand_ids[:, i], rows[:, i], w.scale)  # writes k entries of [B, Vd]
-        prev = _to_target(w.d2t, _pick(rows[:, i], _noise_at(x, i), x.temperature))
-        tokens[:, i] = prev
-    return tokens
-
-
-def fused_walk(w: MarkovWeights, x: WalkInputs, walk: Callable) -> torch.Tensor:
-    """Method 4: one call walks all N positions. walk: markov_walk_triton or markov_walk_reference."""
-    w2 = w.w2_nvfp4 if w.w2_nvfp4 is not None else w.w2
-    tokens, _ = walk(x.values, x.cand_ids, x.first_prev, w.w1, w2, w.scale, w.d2t, x.gumbel, x.temperature)
-    return tokens  # [B, N]
+def method_walk(method: str, w: MarkovWeights, x: WalkInputs, triton: bool | None = None) -> torch.Tensor:
+    """One method walks x exactly as `dspark generate` does (runtime.markov.markov_walk, strategy = method,
+    candidate selection included). triton: force the Triton kernels (True) or their torch twins (False) of
+    nvfp4 / fused; None: by device. -> [B, N] target ids."""
+    params = SamplingParams(temperature=x.temperature)
+    return markov_walk(method, w, x.base, x.first_prev, params, x.noise, x.topk, triton=triton).tokens
 
 
 def reference_walk(w: MarkovWeights, x: WalkInputs) -> torch.Tensor:
-    """The float32 reference (markov_walk_reference): NVFP4 rows dequantized in float32. -> [B, N]."""
-    from dspark_cli.kernels.markov import markov_walk_reference
-
-    return fused_walk(w, x, markov_walk_reference)
+    """The float32 reference (markov_walk_reference on x's candidates): NVFP4 rows dequantized in float32. -> [B, N]."""
+    params = SamplingParams(temperature=x.temperature)
+    candidates = Candidates(x.values, x.cand_ids)
+    return fused_walk(w, x.base, candidates, x.first_prev, params, x.noise, triton=False).tokens
 
 
 # --- the token check ----------------------------------------------------------------------------------------
@@ -505,7 +467,7 @@ def check_tokens(w: MarkovWeights, x: WalkInputs, tokens: torch.Tensor, referenc
         return TokenCheck(exact=True, near_ties=0, mismatch=None)
     eps = torch.finfo(x.base.dtype).eps
     prev = torch.cat([x.first_prev[:, None], tokens[:, :-1]], dim=1)  # [B, N] target ids before each position
-    cand_targets = _to_target(w.d2t, x.cand_ids)  # [B, N, k]
+    cand_targets = draft_to_target(w.d2t, x.cand_ids)  # [B, N, k]
     is_chosen = cand_targets == tokens[..., None]  # [B, N, k]
     found = is_chosen.any(-1)  # [B, N]
     chosen = is_chosen.int().argmax(-1)  # [B, N] candidate index (0 when not found)
@@ -733,8 +695,9 @@ def _notes(config: BenchConfig, heads: dict[str, Head]) -> list[str]:
     notes.append(f"Every row of one (T, B) is timed interleaved with the others, both formats included (one call "
                  f"each per round, the order rotated every round); rows whose (p90 - min) / min exceeds "
                  f"{SPREAD_LIMIT:.0%} are marked '!': load made them too noisy to compare.")  # fmt: skip
-    notes.append("Rows 2-4 start from the candidates; the top-k selection they share (once per draft step) "
-                 "is its own row. Bytes count reads of Markov weights only (not logit rows or noise).")  # fmt: skip
+    notes.append("Every row runs the code `dspark generate` runs; rows 2-4 include the top-k selection they share "
+                 "(once per draft step), also timed alone as its own row. Bytes count reads of Markov weights only "
+                 "(not logit rows or noise).")  # fmt: skip
     return notes
 
 
@@ -761,8 +724,7 @@ def _bench_batch(
     for index, k in enumerate(config.topks):
         x = make_inputs(head, batch, config.block, k, temperature, gen)
         reference = reference_walk(head.weights, x)  # [B, N]
-        scratch = torch.empty_like(x.base)  # [B, N, Vd] logit rows of the gathered methods
-        variants = _variants(config, head, x, scratch, dense_graph=index == 0)
+        variants = _variants(config, head, x, dense_graph=index == 0)
         checks = [check_tokens(head.weights, v.inputs, v.run(), reference[: v.inputs.batch]) for v in variants]
         selection = _selection_rows(config, head.fmt, x, temperature, batch)
         rows += [row for row, _ in selection]
@@ -796,42 +758,24 @@ def _merge_checks(first: TokenCheck, second: TokenCheck) -> TokenCheck:
     return TokenCheck(first.exact and second.exact, first.near_ties + second.near_ties, second.mismatch)
 
 
-def _variants(
-    config: BenchConfig, head: Head, x: WalkInputs, scratch: torch.Tensor, dense_graph: bool
-) -> list[_Variant]:
+def _variants(config: BenchConfig, head: Head, x: WalkInputs, dense_graph: bool) -> list[_Variant]:
     """Every way of walking x: eager (and CUDA-graph replays on CUDA), plus on CPU the Triton kernels under the
     interpreter on the first few requests (checked, not timed)."""
-    from dspark_cli.kernels.markov import (
-        gathered_bias_reference,
-        markov_walk_reference,
-        markov_walk_triton,
-        nvfp4_gathered_bias,
-        nvfp4_gathered_bias_reference,
-    )
-
     w = head.weights
     cuda = config.device == "cuda"
     kernel = "Triton" if cuda else "torch twin"
-    add_nvfp4 = nvfp4_gathered_bias if cuda else nvfp4_gathered_bias_reference
-    walk = markov_walk_triton if cuda else markov_walk_reference
-    eager = [("dense", "torch", lambda: dense_walk(w, x)),
-             ("topk", "torch", lambda: gathered_walk(w, x, scratch, gathered_bias_reference, w.w2))]  # fmt: skip
-    if head.fmt == "nvfp4":
-        eager.append(("nvfp4", kernel, lambda: gathered_walk(w, x, scratch, add_nvfp4, w.w2_nvfp4)))
-    eager.append(("fused", kernel, lambda: fused_walk(w, x, walk)))
+    methods = [("dense", "torch"), ("topk", "torch")] + ([("nvfp4", kernel)] if head.fmt == "nvfp4" else [])
     variants = []
-    for method, engine, run in eager:
+    for method, engine in methods + [("fused", kernel)]:
+        run = functools.partial(method_walk, method, w, x)
         variants.append(_Variant(method, "eager", engine, run, x))
         if cuda and (method != "dense" or dense_graph):
             variants.append(_Variant(method, "graph", engine, capture_graph(run), x))
     if not cuda and _interpreter_active():
         sub = x.requests(_interpreter_requests(x))
-        sub_scratch = scratch[: sub.batch]
-        if head.fmt == "nvfp4":
-            variants.append(_Variant("nvfp4", "interpreter", "Triton", timed=False, inputs=sub,
-                                     run=lambda: gathered_walk(w, sub, sub_scratch, nvfp4_gathered_bias, w.w2_nvfp4)))
-        variants.append(_Variant("fused", "interpreter", "Triton", timed=False, inputs=sub,
-                                 run=lambda: fused_walk(w, sub, markov_walk_triton)))  # fmt: skip
+        for method in ("nvfp4", "fused") if head.fmt == "nvfp4" else ("fused",):
+            run = functools.partial(method_walk, method, w, sub, triton=True)
+            variants.append(_Variant(method, "interpreter", "Triton", run, sub, timed=False))
     return variants
 
 
@@ -847,7 +791,7 @@ def _selection_rows(
     """The shared top-k selection rows (eager, and graph on CUDA), with the calls that time them."""
 
     def select() -> torch.Tensor:
-        return select_candidates(x.base, x.topk)[1]
+        return select_candidates(x.base, x.topk).ids
 
     runs = [("eager", select)] + ([("graph", capture_graph(select))] if config.device == "cuda" else [])
     return [(Row(fmt, temperature, batch, x.topk, "select", mode, "torch", x.block), run) for mode, run in runs]

@@ -1,4 +1,4 @@
-"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (dspark-format.md §1.2, §2).
+"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (docs/format.md §1.2, §2).
 
 One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
 input_layernorm), then the query block attends to all context and, non-causally, to itself through Qwen3 decoder
@@ -204,10 +204,6 @@ class DSparkDraft(nn.Module):
         if self.config.confidence_head_with_markov and self.config.markov_rank:
             x = torch.cat([x, embed.float()], dim=-1)
         return self.confidence_head.proj(x).squeeze(-1)
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """draft-vocab ids -> target-vocab ids (d2t stores offsets: target = id + d2t[id])."""
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
     # --- loading and saving -----------------------------------------------------------------------------------
 

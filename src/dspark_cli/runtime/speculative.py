@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from dspark_cli.runtime import sampling
-from dspark_cli.runtime.markov import MarkovResult, MarkovWeights, choose_strategy, markov_walk
+from dspark_cli.runtime.markov import MarkovWeights, choose_strategy, draft_to_target, markov_walk
 from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
 from dspark_cli.runtime.sampling import SamplingParams
 
@@ -164,24 +164,25 @@ def draft_block(
     base = draft.base_logits(hidden)  # [N, Vd]
     backbone_s = clock.lap()
 
-    noise = None if params.greedy else sampling.gumbel_noise(tuple(base.shape), generator, device)  # [N, Vd]
-    walk = markov_walk(drafter.strategy, drafter.weights, base, anchor, params, noise, drafter.draft_topk)
+    noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, device)  # [1, N, Vd]
+    first_prev = torch.tensor([anchor], device=device)  # [1]: the walk is batch-first, here a batch of one block
+    walk = markov_walk(drafter.strategy, drafter.weights, base[None], first_prev, params, noise, drafter.draft_topk)
+    embeds = None if walk.embeds is None else walk.embeds[0]  # [N, r]
     confidences = None
     if draft.confidence_head is not None:
-        confidences = torch.sigmoid(draft.confidence_logit(hidden, walk.embeds))  # [N]
-    draft_probs = None if params.greedy else _target_vocab_probs(drafter, walk)
-    return Proposal(walk.tokens, draft_probs, confidences, backbone_s, clock.lap())
+        confidences = torch.sigmoid(draft.confidence_logit(hidden, embeds))  # [N]
+    draft_probs = None if params.greedy else _target_vocab_probs(drafter, walk.logits[0])
+    return Proposal(walk.tokens[0], draft_probs, confidences, backbone_s, clock.lap())
 
 
-def _target_vocab_probs(drafter: Drafter, walk: MarkovResult) -> torch.Tensor:
-    """q over the target vocabulary: the processed draft distribution [N, Vd] scattered through d2t -> [N, V]."""
-    probs = sampling.target_probs(walk.logits, drafter.params)  # [N, Vd]
+def _target_vocab_probs(drafter: Drafter, logits: torch.Tensor) -> torch.Tensor:
+    """q over the target vocabulary: the processed draft distribution of logits [N, Vd] scattered through d2t
+    -> [N, V]."""
+    probs = sampling.target_probs(logits, drafter.params)  # [N, Vd]
     d2t = drafter.draft.d2t
     if d2t is None and probs.shape[-1] == drafter.target_vocab:
         return probs
-    target_ids = torch.arange(probs.shape[-1], device=probs.device)
-    if d2t is not None:
-        target_ids = target_ids + d2t
+    target_ids = draft_to_target(d2t, torch.arange(probs.shape[-1], device=probs.device))  # [Vd]
     full = probs.new_zeros(probs.shape[0], drafter.target_vocab)
     return full.index_copy_(1, target_ids, probs)
 
