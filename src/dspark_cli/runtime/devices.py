@@ -1,0 +1,30 @@
+"""Device and dtype names -> torch objects, one meaning for every command ("auto" picks CUDA when present)."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto (cuda when available, else cpu), cpu, cuda or cuda:N; ValueError for anything else or absent CUDA."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: CUDA is not available here; use cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto (bfloat16 on CUDA, float32 elsewhere) or one of DTYPE_NAMES; ValueError for anything else."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"must be auto, float32, bfloat16 or float16, got {name!r}")
+    return DTYPE_NAMES[name]
