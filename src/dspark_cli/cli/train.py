@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from dspark_cli.cli import options as opts
 from dspark_cli.cli import render
 from dspark_cli.errors import Terminated
 
@@ -71,14 +72,14 @@ def train(
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per sequence."),
     anchors: Optional[int] = typer.Option(None, "--anchors", help="Anchors (blocks) per sequence (default seq-len/8)."),
     lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate (AdamW, warm-up then cosine decay)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for initialisation, data windows and anchors."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    seed: opts.seed("Seed for initialisation, data windows and anchors") = 0,
+    device: opts.device() = "auto",
     save_every: int = typer.Option(0, "--save-every", help="Write OUT/checkpoint-N every N steps (0: only the end)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue from OUT/checkpoint-N."),
     chat_template: Optional[Path] = typer.Option(None, "--chat-template",
                                                  help="Jinja chat template for JSONL 'messages' records "
                                                  "(default: the tokenizer's)."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+    force: opts.force("Replace a non-empty output folder.") = False,
     log: Optional[Path] = typer.Option(None, "--log-jsonl", help="Append one JSON line per step (loss, its terms, τ, "
                                        "lr, tokens/s) to this file."),
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
@@ -90,7 +91,7 @@ def train(
 
     from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError
     from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import DraftShape, TrainOptions, resolve_device
+    from dspark_cli.runtime.training import DraftShape, TrainOptions
     from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
@@ -110,7 +111,7 @@ def train(
                           f"processes ({dist.world_size}).")
     if not dist.is_main:
         render.console.quiet = True  # rank 0 alone prints notes, progress and the result
-    training_dist.start(dist, resolve_device(device), dist_timeout)
+    training_dist.start(dist, opts.torch_device(device), dist_timeout)
     existed = out.exists()
     try:
         final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)

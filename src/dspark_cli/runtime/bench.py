@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.markov import MarkovWeights
 from dspark_cli.runtime.sampling import gumbel_argmax, gumbel_noise
+from dspark_cli.runtime.units import format_bytes
 
 METHODS = ("dense", "topk", "nvfp4", "fused")
 FORMATS = ("bf16", "nvfp4")
@@ -88,7 +89,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise DsparkError("--device cuda was requested but torch sees no CUDA device; pass --device cpu.")
+            raise DsparkError("the cuda device was requested but torch sees no CUDA device; use the cpu.")
 
 
 @dataclass(frozen=True)
@@ -393,14 +394,11 @@ def _check_memory(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) 
     weights, inputs = memory_needed(config, vocab, draft_vocab, rank)
     free = available_memory(config.device)
     if free is not None and weights + inputs > free:
-        raise DsparkError(f"this benchmark needs about {_gib(weights + inputs)} of memory ({_gib(weights)} of "
-                          f"Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, and {_gib(inputs)} of logit "
-                          f"rows for batch {max(config.batches)} x block {config.block}) but {config.device} has "
-                          f"{_gib(free)} free; pass smaller --vocab, --rank, --batch or --block.")  # fmt: skip
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:,.1f} GiB"
+        raise DsparkError(f"this benchmark needs about {format_bytes(weights + inputs)} of memory "
+                          f"({format_bytes(weights)} of Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, "
+                          f"and {format_bytes(inputs)} of logit rows for batch {max(config.batches)} x block "
+                          f"{config.block}) but {config.device} has {format_bytes(free)} free; use a smaller "
+                          "vocabulary, rank, batch or block.")  # fmt: skip
 
 
 # --- inputs -------------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ the target's embedding and lm_head.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,7 +31,10 @@ import torch.nn.functional as F
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
+from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.target import load_causal_lm
+from dspark_cli.runtime.target_training import cosine_lr
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
 from dspark_cli.runtime.training_dist import SINGLE, DistContext
 
@@ -382,12 +384,8 @@ def target_forward(target, tokens: torch.Tensor):
 # --- the training loop ---------------------------------------------------------------------------------------
 
 def lr_at(step: int, options: TrainOptions) -> float:
-    """Linear warm-up over warmup_ratio of the steps, then cosine decay to 10% of the peak."""
-    warmup = max(1, round(options.steps * options.warmup_ratio))
-    if step < warmup:
-        return options.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, options.steps - warmup))
-    return options.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+    """Linear warm-up over warmup_ratio of the steps, then cosine decay to 10% of the peak (cosine_lr)."""
+    return cosine_lr(step, options.steps, options.lr, warmup=max(1, round(options.steps * options.warmup_ratio)))
 
 
 @dataclass
@@ -585,26 +583,17 @@ class TrainingRun:
     notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
-    return torch.device(device)
-
-
 def load_target(path: str | Path, device: torch.device):
-    """The frozen target (bf16 on CUDA, fp32 on CPU) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The frozen target (bf16 on CUDA, fp32 on CPU; loaded as `dspark generate` loads it) and its tokenizer."""
+    from transformers import AutoTokenizer
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
-        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
-                          "or hub id with its tokenizer.") from error
-    return model.to(device).eval().requires_grad_(False), tokenizer
+        raise DsparkError(f"cannot load the tokenizer of the target {path}: {error}. The target must be a Hugging "
+                          "Face causal LM folder or hub id with its tokenizer.") from error
+    model = load_causal_lm(path, dtype=resolve_dtype("auto", device), device=device)
+    return model.eval().requires_grad_(False), tokenizer
 
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
