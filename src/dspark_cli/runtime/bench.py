@@ -357,10 +357,10 @@ def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, 
                           f"draft vocab {draft_vocab}, rank {rank}.")  # fmt: skip
     if "nvfp4" in config.formats and rank % 16:
         raise DsparkError(f"{source}: NVFP4 needs the Markov rank to be a multiple of 16 (group size), got {rank}; "
-                          "pass --format bf16.")  # fmt: skip
+                          "use the bf16 format.")  # fmt: skip
     too_large = [k for k in config.topks if k > draft_vocab]
     if too_large:
-        raise DsparkError(f"--topk {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); pass smaller values.")
+        raise DsparkError(f"top-k {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); use smaller values.")
     _check_memory(config, vocab, draft_vocab, rank)
 
 

@@ -205,7 +205,7 @@ def _local_checkpoint(source: str | os.PathLike, revision: str | None) -> Checkp
     except (OSError, ValueError) as error:  # HfHubHTTPError is an OSError
         raise DsparkError(
             f"{source} could not be downloaded from the Hugging Face Hub ({type(error).__name__}); "
-            "check the id, --revision, your token and the network."
+            "check the id, the revision, your token and the network."
         ) from None
     local = open_checkpoint(folder)
     local.source, local.repo_id, local.revision = str(source), ckpt.repo_id, revision
@@ -284,8 +284,8 @@ def _quantize(w2: torch.Tensor, engine: str) -> NVFP4Weight:
             return nvfp4.quantize_nvfp4_modelopt(w2)
     except ImportError:
         raise DsparkError(
-            "--engine modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
-            "or pass --engine torch, which gives bit-identical output."
+            "the modelopt engine needs nvidia-modelopt (pip install nvidia-modelopt requests); "
+            "or use the torch engine, which gives bit-identical output."
         ) from None
     except ValueError as error:
         raise DsparkError(f"{MARKOV_W2} cannot be quantized: {error}.") from None
