@@ -122,7 +122,7 @@ def test_bench_refuses_an_unknown_device():
 
 # --- one byte formatter -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n_bytes, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+@pytest.mark.parametrize("n_bytes, text", [(0, "0 B"), (1023, "1,023 B"), (1000.4, "1,000 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
                                            (3 * 2**19, "1.5 MiB"), (2**30, "1.0 GiB"), (2**40, "1,024.0 GiB")])
 def test_format_bytes(n_bytes, text):
     assert format_bytes(n_bytes) == text

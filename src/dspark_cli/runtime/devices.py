@@ -9,16 +9,19 @@ DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torc
 
 
 def resolve_device(name: str) -> torch.device:
-    """auto (cuda when available, else cpu), cpu, cuda or cuda:N; ValueError for anything else or absent CUDA."""
-    if name == "auto":
+    """auto (cuda when available, else cpu), cpu, cuda or cuda:N that exists here; ValueError for anything else."""
+    text = name.strip().lower()
+    if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"{name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    kind, _, index = text.partition(":")
+    if not (text == "cpu" or (kind == "cuda" and (not index or index.isdigit()))):
+        raise ValueError(f"{name!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}: CUDA is not available here; use cpu")
-    return device
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s); use cuda:0 .. "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(text)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
