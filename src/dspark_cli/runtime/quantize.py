@@ -284,8 +284,8 @@ def _quantize(w2: torch.Tensor, engine: str) -> NVFP4Weight:
             return nvfp4.quantize_nvfp4_modelopt(w2)
     except ImportError:
         raise DsparkError(
-            "the modelopt engine needs nvidia-modelopt (pip install nvidia-modelopt requests); "
-            "or use the torch engine, which gives bit-identical output."
+            "--engine modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
+            "or pass --engine torch, which gives bit-identical output."
         ) from None
     except ValueError as error:
         raise DsparkError(f"{MARKOV_W2} cannot be quantized: {error}.") from None
