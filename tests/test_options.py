@@ -128,6 +128,12 @@ def test_format_bytes(n_bytes, text):
     assert format_bytes(n_bytes) == text
 
 
+@pytest.mark.parametrize("n_bytes, text", [(999, "999 B"), (1000, "1.0 kB"), (1536, "1.5 kB"),
+                                           (2_500_000, "2.5 MB"), (3 * 10**12, "3.0 TB"), (2 * 10**18, "2,000.0 PB")])
+def test_format_bytes_decimal(n_bytes, text):
+    assert format_bytes(n_bytes, decimal=True) == text
+
+
 # --- a runtime ValueError is one sentence and exit 2 --------------------------------------------------------
 
 def _raising_app(message: str) -> typer.Typer:

@@ -132,7 +132,8 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
         ("confidence", str(resolved["confidence_head"])),
         ("layout", str(resolved["layout"])),
         ("embed / lm_head", f"{resolved['embed_tokens']} / {resolved['lm_head']}"),
-        ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), {format_bytes(resolved['bytes'])}"),
+        ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), "
+                    f"{format_bytes(resolved['bytes'], decimal=True)}"),
     ]  # fmt: skip
     return rows
 

@@ -139,7 +139,8 @@ def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
     else:
         raise CheckpointError(
             "DSP500",
-            f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check the target path or id.",
+            f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check the target "
+            "path or id.",
         )
     return _config_object(read_json(config_path, "target config.json"), config_path)
 

@@ -120,11 +120,11 @@ def available_memory(device) -> int | None:
 def check_memory(estimate: MemoryEstimate, available: int | None, device) -> None:
     if available is None or estimate.total <= available:
         return
-    raise DsparkError(f"one training step needs about {format_bytes(estimate.total)} "
-                      f"({format_bytes(estimate.draft_state)} for the draft's weights and optimizer state, "
-                      f"{format_bytes(estimate.activations)} for activations, {format_bytes(estimate.target_weights)} "
-                      f"for the target) but {device} has {format_bytes(available)} free; lower --batch-size, "
-                      "--seq-len, --anchors, --block-size, --layers or --markov-rank.")
+    size = [format_bytes(count, decimal=True) for count in
+            (estimate.total, estimate.draft_state, estimate.activations, estimate.target_weights, available)]
+    raise DsparkError(f"one training step needs about {size[0]} ({size[1]} for the draft's weights and optimizer "
+                      f"state, {size[2]} for activations, {size[3]} for the target) but {device} has {size[4]} free; "
+                      "lower --batch-size, --seq-len, --anchors, --block-size, --layers or --markov-rank.")
 
 
 # --- resuming --------------------------------------------------------------------------------------------------
@@ -134,7 +134,8 @@ def read_json_object(path: Path, what: str) -> dict:
     if not path.is_file():
         raise DsparkError(f"{path} is missing; {what}")
     if path.stat().st_size > MAX_JSON_BYTES:
-        raise DsparkError(f"{path} is {format_bytes(path.stat().st_size)}, too large for a checkpoint's JSON; {what}")
+        raise DsparkError(f"{path} is {format_bytes(path.stat().st_size, decimal=True)}, too large for a checkpoint's "
+                          f"JSON; {what}")
     try:
         value = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
