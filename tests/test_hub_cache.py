@@ -96,14 +96,14 @@ def test_open_checkpoint_lists_every_snapshot_file(offline, repo):
 
 @pytest.mark.parametrize("repo", ["org/draft", "org/draft-sharded"])
 def test_validate(offline, repo):
-    result = runner.invoke(app, ["validate", repo, "--target", "org/target", "--json"])
+    result = runner.invoke(app, ["validate", repo, "--target", "org/target", "--json", "-"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["exit_code"] == 0 and doc["resolved"]["tensors"] > 0
 
 
 def test_validate_keeps_weights_of_any_name_and_the_pickle_warning(offline):
-    result = runner.invoke(app, ["validate", "org/draft-odd", "--json"])
+    result = runner.invoke(app, ["validate", "org/draft-odd", "--json", "-"])
     doc = json.loads(result.output)
     assert "error" not in doc, doc  # not a false "no .safetensors weights"
     assert doc["resolved"]["tensors"] > 0

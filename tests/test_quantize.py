@@ -387,7 +387,8 @@ def words(text: str) -> str:
 
 
 def test_cli_json_report(draft, tmp_path):
-    result = runner.invoke(app, ["quantize", str(draft), "-o", str(tmp_path / "out"), "--engine", "torch", "--json"])
+    result = runner.invoke(app, ["quantize", str(draft), "-o", str(tmp_path / "out"), "--engine", "torch",
+                                 "--json", "-"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["engine"] == "torch" and report["quantized_layer"] == "model.markov_head.markov_w2"
@@ -397,7 +398,8 @@ def test_cli_json_report(draft, tmp_path):
 
 def test_cli_json_keeps_warnings_on_stderr(tmp_path):
     source = write_draft(tmp_path / "draft", SPEC.with_(markov_rank=48))
-    result = runner.invoke(app, ["quantize", str(source), "-o", str(tmp_path / "out"), "--engine", "torch", "--json"])
+    result = runner.invoke(app, ["quantize", str(source), "-o", str(tmp_path / "out"), "--engine", "torch",
+                                 "--json", "-"])
     assert result.exit_code == 0
     assert "multiple of 64" in json.loads(result.stdout)["warnings"][0]
     assert "multiple of 64" in words(result.stderr)

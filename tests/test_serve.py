@@ -108,7 +108,7 @@ def test_nvfp4_draft_leaves_quantization_to_the_draft_config(tmp_path):
     _, config = dry_run(target, draft, "--draft-topk", "16")
     assert config == {"method": "dspark", "model": str(draft.resolve()), "num_speculative_tokens": 4,
                       "draft_sample_method": "probabilistic", "dspark_draft_topk": 16}  # no 'quantization' key
-    document = json.loads(invoke(target, draft, "--json").stdout)
+    document = json.loads(invoke(target, draft, "--json", "-").stdout)
     assert document["draft_quantization"].startswith("markov_w2 nvfp4 (W4A16, MIXED_PRECISION)")
     assert "quantization" not in document["speculative_config"]
 
@@ -123,7 +123,7 @@ def test_draft_from_dspark_quantize(tmp_path):
     _, config = dry_run(target, out)
     assert config == {"method": "dspark", "model": str(out.resolve()), "num_speculative_tokens": 4,
                       "draft_sample_method": "probabilistic"}  # fmt: skip
-    assert "nvfp4" in json.loads(invoke(target, out, "--json").stdout)["draft_quantization"]
+    assert "nvfp4" in json.loads(invoke(target, out, "--json", "-").stdout)["draft_quantization"]
 
 
 def test_reduced_vocabulary_draft(tmp_path, target_dir):
@@ -133,13 +133,13 @@ def test_reduced_vocabulary_draft(tmp_path, target_dir):
                       "draft_sample_method": "probabilistic", "dspark_draft_topk": 128}  # fmt: skip
     result = invoke(target_dir, draft, "--draft-topk", "129", "--dry-run")
     assert result.exit_code == 2 and "draft vocabulary size 128" in one_sentence(result.stderr)
-    document = json.loads(invoke(target_dir, draft, "--json").stdout)
+    document = json.loads(invoke(target_dir, draft, "--json", "-").stdout)
     assert any("d2t" in note for note in document["notes"])
 
 
 def test_json_document(target_dir, draft_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(stand_in_vllm(tmp_path / "bin", tmp_path / "record")))
-    result = invoke(target_dir, draft_dir, "--json", "--port", "9000")
+    result = invoke(target_dir, draft_dir, "--json", "-", "--port", "9000")
     assert result.exit_code == 0
     document = json.loads(result.stdout)
     assert document["argv"] == shlex.split(document["command"])
@@ -160,7 +160,7 @@ def test_refused_draft_exits_1_with_the_findings(tmp_path, target_dir):
     assert result.stdout == ""  # no command for a draft vLLM cannot serve
     assert "x DSP012" in result.stderr and "fix:" in result.stderr
     assert "is refused: validate found 1 error against" in " ".join(result.stderr.split())
-    document = json.loads(invoke(target_dir, draft, "--json").stdout)
+    document = json.loads(invoke(target_dir, draft, "--json", "-").stdout)
     assert document["refused"] and document["exit_code"] == 1
     assert [f["code"] for f in document["findings"] if f["severity"] == "error"] == ["DSP012"]
 
@@ -180,7 +180,7 @@ def test_unreadable_inputs_exit_2(tmp_path, target_dir, draft_dir):
     assert result.exit_code == 2 and "dspark builds itself" in one_sentence(result.stderr)
     result = invoke(target_dir, draft_dir, "--port", "1", "--dry-run", "--", "--port=2")
     assert result.exit_code == 2 and "port is given twice" in one_sentence(result.stderr)
-    result = invoke(target_dir, tmp_path / "missing", "--json")
+    result = invoke(target_dir, tmp_path / "missing", "--json", "-")
     assert json.loads(result.stdout)["error"]["code"] == "DSP500"
 
 
@@ -239,7 +239,7 @@ def test_serve_imports_no_torch(target_dir, draft_dir):
         "import sys\n"
         "from dspark_cli.cli import app\n"
         "try:\n"
-        f"    app(['serve', '-t', {str(target_dir)!r}, '-d', {str(draft_dir)!r}, '--json'])\n"
+        f"    app(['serve', '-t', {str(target_dir)!r}, '-d', {str(draft_dir)!r}, '--json', '-'])\n"
         "except SystemExit as exit:\n"
         "    code = exit.code\n"
         "heavy = [m for m in ('torch', 'transformers', 'triton', 'modelopt', 'safetensors') if m in sys.modules]\n"

@@ -57,12 +57,12 @@ def test_strict_turns_warnings_into_exit_1(tmp_path, spec):
     path = write_draft(tmp_path / "d", spec, edit={"block_size": None})
     assert invoke(path).exit_code == 0
     assert invoke(path, "--strict").exit_code == 1
-    assert json.loads(invoke(path, "--strict", "--json").stdout)["exit_code"] == 1
+    assert json.loads(invoke(path, "--strict", "--json", "-").stdout)["exit_code"] == 1
 
 
 def test_json_is_the_only_output_on_stdout(tmp_path, spec):
     path = write_draft(tmp_path / "d", spec, edit={"markov_head_type": "rnn"})
-    result = invoke(path, "--json")
+    result = invoke(path, "--json", "-")
     document = json.loads(result.stdout)
     assert result.exit_code == 1 == document["exit_code"]
     assert document["format"] == "deepspec" and document["summary"]["errors"] == 1
@@ -74,7 +74,7 @@ def test_json_is_the_only_output_on_stdout(tmp_path, spec):
 def test_target_folder_or_config_file(tmp_path, draft_dir, spec):
     target = write_target_config(tmp_path / "target", spec, num_hidden_layers=2)
     for given in (target, target / "config.json"):
-        document = json.loads(invoke(draft_dir, "--target", given, "--json").stdout)
+        document = json.loads(invoke(draft_dir, "--target", given, "--json", "-").stdout)
         assert document["resolved"]["target_depth"] == {"value": 2, "source": "--target num_hidden_layers"}
         assert {f["code"] for f in document["findings"]} == {"DSP019", "DSP031"}
 
@@ -88,7 +88,7 @@ def test_read_error_is_one_sentence_and_exit_2(draft_dir):
 
 
 def test_read_error_with_json_still_prints_a_document(tmp_path):
-    result = invoke(tmp_path / "missing", "--json")
+    result = invoke(tmp_path / "missing", "--json", "-")
     assert result.exit_code == 2
     document = json.loads(result.stdout)
     assert document["exit_code"] == 2 and document["error"]["code"] == "DSP500"
@@ -122,7 +122,7 @@ def test_deep_finds_nan(tmp_path, spec):
     inf = torch.full((64,), float("inf"))
     path = write_draft(tmp_path / "d", spec, mutate=replace_tensor("hidden_norm.weight", inf))
     assert invoke(path).exit_code == 0
-    result = invoke(path, "--deep", "--json")
+    result = invoke(path, "--deep", "--json", "-")
     assert result.exit_code == 1
     assert "DSP601" in {f["code"] for f in json.loads(result.stdout)["findings"]}
 
@@ -132,7 +132,7 @@ def test_validate_imports_no_torch(draft_dir):
         "import sys\n"
         "from dspark_cli.cli import app\n"
         "try:\n"
-        f"    app(['validate', {str(draft_dir)!r}, '--json'])\n"
+        f"    app(['validate', {str(draft_dir)!r}, '--json', '-'])\n"
         "except SystemExit as exit:\n"
         "    code = exit.code\n"
         "heavy = [m for m in ('torch', 'transformers', 'triton', 'modelopt', 'safetensors') if m in sys.modules]\n"
@@ -152,7 +152,7 @@ def test_many_findings_of_one_code_print_ten_and_a_count(tmp_path, spec):
     codes = [line.split()[1] for line in result.output.splitlines() if line.strip().startswith(("x DSP", "! DSP"))]
     assert codes.count("DSP205") == 11, result.output  # ten findings and the count line
     assert "... and 15 more DSP205 findings (--json lists all)." in " ".join(result.output.split())
-    listed = json.loads(invoke(path, "--json").output)["findings"]
+    listed = json.loads(invoke(path, "--json", "-").output)["findings"]
     assert sum(f["code"] == "DSP205" for f in listed) == 25
 
 
@@ -171,6 +171,6 @@ def test_hostile_checkpoint_files_are_one_sentence_exit_2(tmp_path, spec):
 @pytest.mark.parametrize("model_type", [["qwen3"], {"a": 1}, 7])
 def test_a_model_type_that_is_not_a_string_gives_a_report_not_a_traceback(tmp_path, spec, model_type):
     draft = write_draft(tmp_path / "d", spec, edit={"architectures": ["DSparkDraftModel"], "model_type": model_type})
-    result = runner.invoke(app, ["validate", str(draft), "--json"])
+    result = runner.invoke(app, ["validate", str(draft), "--json", "-"])
     assert result.exit_code in (0, 1), result.output  # a report, not a crash
     assert json.loads(result.stdout)["format"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from enum import Enum
 from pathlib import Path
 
 import typer
@@ -12,20 +11,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dspark_cli.cli import options
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
+from dspark_cli.runtime.units import format_bytes
 
 bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark drafting.")
 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
-
-
-class Device(str, Enum):
-    cuda = "cuda"
-    cpu = "cpu"
 
 
 def register(app: typer.Typer) -> None:
@@ -51,15 +46,14 @@ def markov(
     topk: str = typer.Option("16,64,256", "--topk", help="Candidates k per position."),
     formats: str = typer.Option("bf16,nvfp4", "--format", help="Markov W2 formats: bf16, nvfp4."),
     temperature: str = typer.Option("0,1", "--temperature", help="Temperatures (0 = greedy; > 0 Gumbel-max)."),
-    device: Device = typer.Option(None, "--device", help="cuda or cpu (default cuda when available)."),
+    device: options.device("auto (cuda if available, else cpu), cpu or cuda.") = "auto",
     reps: int = typer.Option(None, "--reps", min=1, help="Timed repetitions (default 100 on CUDA, 10 on CPU)."),
     warmup: int = typer.Option(None, "--warmup", min=0,
                                help="Untimed repetitions first (default 10 on CUDA, 2 on CPU)."),
     peak_gbps: float = typer.Option(None, "--peak-gbps", min=0.001, help="Memory bandwidth for the lower bound, "
                                     "GB/s (default: spec sheet of known GPUs, else a copy measured in the run)."),
-    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Seed of the random weights and inputs "
-                             "(0 to 2^64 - 1)."),
-    json_out: Path = typer.Option(None, "--json", help="Also write the results as JSON to FILE ('-': stdout)."),
+    seed: options.seed("Seed of the random weights and inputs") = 0,
+    json_out: options.json_path("the results (the tables then go to stderr)") = None,
     plot: Path = typer.Option(None, "--plot", help="Write a PNG of latency against batch size to FILE."),
 ) -> None:
     """Time the sequential Markov stage: dense, top-k bf16, top-k NVFP4 and the fused walk.
@@ -69,12 +63,10 @@ def markov(
     """
     if peak_gbps is not None and not math.isfinite(peak_gbps):
         raise DsparkError(f"--peak-gbps must be a finite number of GB/s, got {peak_gbps}.")
-    import torch
-
     from dspark_cli.runtime.bench import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
 
     _check_outputs(json_out, plot, draft)
-    device_name = (device.value if device else None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    device_name = _bench_device(device)
     cuda = device_name == "cuda"
     config = BenchConfig(
         block=block,
@@ -97,7 +89,7 @@ def markov(
         heads = random_heads(config, vocab, draft_vocab or vocab, rank or DEFAULT_RANK)
     with err_console.status("checking tokens, then timing") as status:
         report = run_bench(config, heads, progress=lambda text: status.update(f"checking, then timing: {text}"))
-    out = err_console if json_out is not None and str(json_out) == "-" else console
+    out = err_console if options.to_stdout(json_out) else console
     if not out.is_terminal:  # a file or pipe: wide rows rather than wrapped cells
         out = Console(width=TABLE_WIDTH, stderr=out.stderr)
     for fmt in config.formats:
@@ -113,6 +105,15 @@ def markov(
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
                           "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
+
+
+def _bench_device(name: str) -> str:
+    """The shared --device, limited to what the bench times: the current CUDA device or the CPU."""
+    device = options.torch_device(name)
+    if device.index is not None:
+        raise DsparkError(f"--device {name}: bench markov runs on the current CUDA device; pass --device cuda and "
+                          "pick the GPU with CUDA_VISIBLE_DEVICES.")
+    return device.type
 
 
 def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
@@ -165,7 +166,7 @@ def _table(report, fmt: str, temperature: float) -> Table:
             _num(row.us_per_position),
             f"{_num(timing.p10_us)}–{_num(timing.p90_us)}" if timing else "",
             _spread_cell(timing),
-            _bytes(row.weight_bytes),
+            format_bytes(row.weight_bytes) if row.weight_bytes else "",
             _num(row.achieved_gbps),
             _num(row.lower_bound_us),
             _ratio(row.speedup_vs_dense),
@@ -213,15 +214,6 @@ def _num(value: float | None) -> str:
 
 def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.3g}×"
-
-
-def _bytes(n_bytes: int | None) -> str:
-    if not n_bytes:
-        return ""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= size:
-            return f"{n_bytes / size:.1f} {unit}"
-    return f"{n_bytes} B"
 
 
 def _numbers(text: str, option: str, cast: type, minimum: float, what: str, example: str) -> tuple:

@@ -9,7 +9,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from dspark_cli.cli import options
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
+from dspark_cli.runtime.units import format_bytes
 
 
 class Engine(str, Enum):
@@ -30,25 +32,27 @@ def quantize(
     engine: Engine = typer.Option(
         Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
-    revision: str = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    force: options.force("Replace OUT if it exists.") = False,
+    revision: options.Revision = None,
     sample_rows: int = typer.Option(
         None, "--sample-rows", min=0, show_default=False,
         help="Previous tokens sampled for the Markov-bias agreement (default 128; 0 skips it).",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_path: options.json_path("the report") = None,
 ) -> None:
     """Quantize markov_head.markov_w2 to NVFP4 W4A16; everything else is linked or copied unchanged."""
+    from dspark_cli.runtime.files import check_output_file, local_inputs
     from dspark_cli.runtime.quantize import quantize_checkpoint
 
+    check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + [("output folder", out)], "--json file")
     report = quantize_checkpoint(
         checkpoint, out, engine=engine.value, force=force, revision=revision, sample_rows=sample_rows
     )
-    for warning in report.warnings:  # stderr, so that --json keeps stdout to the one document
+    for warning in report.warnings:  # stderr, so that --json - keeps stdout to the one document
         err_console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
-    if as_json:
-        emit_json(report.to_dict())
-    else:
+    if json_path is not None:
+        emit_json(report.to_dict(), json_path)
+    if not options.to_stdout(json_path):
         console.print(_table(report))
 
 
@@ -61,7 +65,7 @@ def _table(report) -> Table:
         ("tensor", f"{report.tensor} [{vd}, {rank}] {report.source_dtype} → NVFP4 W4A16 (group 16)"),
         ("vLLM layer", f"{report.quantized_layer} (the only quantized layer)"),
         ("engine", report.engine),
-        ("size", f"{_size(report.bytes_before)} → {_size(report.bytes_after)} "
+        ("size", f"{format_bytes(report.bytes_before)} → {format_bytes(report.bytes_after)} "
                  f"({report.compression_ratio:.2f}x smaller)"),
         ("relative Frobenius error", f"{report.relative_frobenius_error:.4f}"),
         ("cosine", f"{report.cosine:.5f}"),
@@ -85,9 +89,3 @@ def _table(report) -> Table:
         table.add_row(Text(key), Text(str(value)))
     return table
 
-
-def _size(n_bytes: int) -> str:
-    for unit, factor in (("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= factor:
-            return f"{n_bytes / factor:.1f} {unit}"
-    return f"{n_bytes} B"

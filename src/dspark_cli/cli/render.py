@@ -15,7 +15,7 @@ from rich.console import Console
 from typer.core import TyperCommand
 from rich.markup import escape
 
-from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+from dspark_cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
 
 console = Console()
 err_console = Console(stderr=True)
@@ -43,6 +43,9 @@ def _unbraced(piece: str) -> str:
 def handle_errors(command: Callable) -> Callable:
     """Turn DsparkError into one sentence on stderr and its exit code; Ctrl-C into exit 130, SIGTERM into 143.
 
+    A ValueError is the runtime's word for a bad value it was given (the runtime is a library: it raises
+    ValueError, not DsparkError, for a value the caller chose): one sentence and exit 2, like DsparkError.
+
     An interrupt may carry `kept`, a sentence saying what the command kept on disk (train's checkpoints);
     otherwise nothing was written (outputs are atomic).
     """
@@ -52,10 +55,11 @@ def handle_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except DsparkError as error:
-            if state.verbose:
-                err_console.print(traceback.format_exc(), markup=False, highlight=False)
-            err_console.print(f"[bold red]error:[/] {escape(error.message)}", highlight=False, soft_wrap=True)
+            _print_error(error.message)
             raise typer.Exit(error.exit_code) from None
+        except ValueError as error:
+            _print_error(sentence(str(error)))
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         except (KeyboardInterrupt, Terminated) as stop:
             terminated = isinstance(stop, Terminated)
             kept = getattr(stop, "kept", None) or "nothing was written"
@@ -64,6 +68,18 @@ def handle_errors(command: Callable) -> Callable:
             raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
 
     return wrapper
+
+
+def _print_error(message: str) -> None:
+    if state.verbose:
+        err_console.print(traceback.format_exc(), markup=False, highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def sentence(text: str) -> str:
+    """A runtime message as a sentence: it ends with one full stop."""
+    text = text.strip()
+    return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
 def emit_json(document: Any, path: Path | str | None = None) -> None:

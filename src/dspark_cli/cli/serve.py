@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
-from dspark_cli.cli import render
+from dspark_cli.cli import options, render
 
 if TYPE_CHECKING:
     from dspark_cli.runtime.rules import Report
@@ -40,37 +40,40 @@ def serve(
                                             "drafts, less GPU memory); both are lossless."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of vLLM's OpenAI-compatible server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
-    json_output: bool = typer.Option(False, "--json", help="Print the speculative config and argv as JSON "
-                                     "(implies --dry-run)."),
+    json_path: options.json_path("the speculative config and argv (implies --dry-run)") = None,
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
+    from dspark_cli.runtime.files import check_output_file, local_inputs
     from dspark_cli.runtime.serve import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
 
+    check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft]), "--json file")
     request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
                            draft_sample_method=draft_sample_method, port=port, vllm_args=tuple(vllm_args or ()))
     try:
         plan = plan_serve(request)
     except DraftRefused as refused:
-        if json_output:
-            render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code})
-        else:
+        if json_path is not None:
+            render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code}, json_path)
+        if not options.to_stdout(json_path):
             print_refusal(refused.report)
         raise
     except DsparkError as error:
         code = getattr(error, "code", None)  # a CheckpointError's DSP5xx code, printed as validate prints it
-        if json_output:
-            render.emit_json({"exit_code": error.exit_code, "error": {"code": code, "message": error.message}})
+        if json_path is not None:
+            render.emit_json({"exit_code": error.exit_code, "error": {"code": code, "message": error.message}},
+                             json_path)
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise
-    if json_output:
-        render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0})
-        return
+    if json_path is not None:
+        render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0}, json_path)
+        if options.to_stdout(json_path):
+            return
     print_notes(plan)
     print(plan.command, flush=True)  # plain print: rich would wrap the line and break copy-paste
-    if dry_run:
+    if dry_run or json_path is not None:
         return
     if find_vllm() is None:
         render.err_console.print(f"[bold red]error:[/] {escape(INSTALL_HINT)}", highlight=False, soft_wrap=True)

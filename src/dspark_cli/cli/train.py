@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from dspark_cli.cli import options as opts
 from dspark_cli.cli import render
 from dspark_cli.errors import DsparkError, Terminated
 
@@ -81,16 +82,15 @@ def train(
     anchors: Optional[int] = typer.Option(None, "--anchors", min=1, help="Anchors (blocks) per sequence (default "
                                           "seq-len/8)."),
     lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate (AdamW, warm-up then cosine decay)."),
-    seed: int = typer.Option(0, "--seed", min=0, max=2**64 - 1, help="Seed for initialisation, data windows and "
-                             "anchors."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    seed: opts.seed("Seed for initialisation, data windows and anchors") = 0,
+    device: opts.device() = "auto",
     save_every: int = typer.Option(0, "--save-every", min=0, help="Write OUT/checkpoint-N every N steps (0: only "
                                    "the end)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue from OUT/checkpoint-N."),
     chat_template: Optional[Path] = typer.Option(None, "--chat-template",
                                                  help="Jinja chat template for JSONL 'messages' records "
                                                  "(default: the tokenizer's)."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+    force: opts.force("Replace a non-empty output folder.") = False,
     log: Optional[Path] = typer.Option(None, "--log-jsonl", help="Append one JSON line per step (loss, its terms, τ, "
                                        "lr, tokens/s) to this file."),
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
@@ -103,7 +103,7 @@ def train(
     from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
     from dspark_cli.runtime import training_dist
     from dspark_cli.runtime.training import DraftShape, TrainOptions
-    from dspark_cli.runtime.training_checks import checkpoint_shape, resolve_device
+    from dspark_cli.runtime.training_checks import checkpoint_shape
     from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
@@ -126,7 +126,7 @@ def train(
                           f"processes ({dist.world_size}).")
     if not dist.is_main:
         render.console.quiet = True  # rank 0 alone prints notes, progress and the result
-    training_dist.start(dist, resolve_device(device), dist_timeout)
+    training_dist.start(dist, opts.torch_device(device), dist_timeout)
     existed = out.exists()
     try:
         final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)

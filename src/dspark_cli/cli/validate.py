@@ -8,7 +8,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import render
+from dspark_cli.cli import options, render
+from dspark_cli.runtime.units import format_bytes
 
 if TYPE_CHECKING:
     from dspark_cli.runtime.rules import Report
@@ -35,18 +36,19 @@ def validate(
         None, "--target", "-t", metavar="TARGET",
         help="Target model (folder, config.json or hub id); only its config.json is read.",
     ),
-    revision: Optional[str] = typer.Option(
-        None, "--revision", metavar="REV", help="Hub revision (branch, tag or commit) of CHECKPOINT."
-    ),
+    revision: options.Revision = None,
     deep: bool = typer.Option(False, "--deep", help="Also load tensors one at a time to check their values."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
-    json_output: bool = typer.Option(False, "--json", help="Print a JSON document on stdout instead of the report."),
+    json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
+    from dspark_cli.runtime.files import check_output_file, local_inputs
     from dspark_cli.runtime.paths import require_utf8_path
     from dspark_cli.runtime.rules import validate_checkpoint
 
+    check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]),
+                      "--json file")
     if deep:  # only --deep opens tensors with the safetensors library; headers are read by dspark itself
         require_utf8_path(checkpoint, "CHECKPOINT")
     try:
@@ -54,14 +56,14 @@ def validate(
         target_config = read_target_config(target) if target else None
         report = validate_checkpoint(ckpt, target_config, deep=deep)
     except CheckpointError as error:
-        if json_output:
+        if json_path is not None:
             render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
-                              "error": {"code": error.code, "message": error.message}})  # fmt: skip
+                              "error": {"code": error.code, "message": error.message}}, json_path)  # fmt: skip
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     exit_code = report.exit_code(strict)
-    if json_output:
-        render.emit_json({**report.to_dict(), "strict": strict, "exit_code": exit_code})
-    else:
+    if json_path is not None:
+        render.emit_json({**report.to_dict(), "strict": strict, "exit_code": exit_code}, json_path)
+    if not options.to_stdout(json_path):
         print_report(report, strict, exit_code)
     raise typer.Exit(exit_code)
 
@@ -130,7 +132,8 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
         ("confidence", str(resolved["confidence_head"])),
         ("layout", str(resolved["layout"])),
         ("embed / lm_head", f"{resolved['embed_tokens']} / {resolved['lm_head']}"),
-        ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), {_size(resolved['bytes'])}"),
+        ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), "
+                    f"{format_bytes(resolved['bytes'], decimal=True)}"),
     ]  # fmt: skip
     return rows
 
@@ -143,10 +146,3 @@ def summary_line(report: "Report", strict: bool, exit_code: int) -> Text:
         return Text(f"! {counts}: warnings fail with --strict (exit {exit_code}).", "bold yellow")
     return Text(f"ok {counts}: vLLM can load this draft (exit {exit_code}).", "bold green")
 
-
-def _size(nbytes: int) -> str:
-    units = ("B", "kB", "MB", "GB", "TB")
-    power = 0
-    while nbytes >= 1000 ** (power + 1) and power < len(units) - 1:
-        power += 1
-    return f"{nbytes} B" if power == 0 else f"{nbytes / 1000 ** power:.1f} {units[power]}"

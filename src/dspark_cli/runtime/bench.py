@@ -44,6 +44,7 @@ from dspark_cli.runtime.markov import (
     select_candidates,
 )
 from dspark_cli.runtime.sampling import SamplingParams, gumbel_noise
+from dspark_cli.runtime.units import format_bytes
 
 METHODS = ("dense", "topk", "nvfp4", "fused")
 FORMATS = ("bf16", "nvfp4")
@@ -97,7 +98,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise DsparkError("--device cuda was requested but torch sees no CUDA device; pass --device cpu.")
+            raise DsparkError("the cuda device was requested but torch sees no CUDA device; use the cpu.")
 
 
 @dataclass(frozen=True)
@@ -365,10 +366,10 @@ def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, 
                           f"draft vocab {draft_vocab}, rank {rank}.")  # fmt: skip
     if "nvfp4" in config.formats and rank % 16:
         raise DsparkError(f"{source}: NVFP4 needs the Markov rank to be a multiple of 16 (group size), got {rank}; "
-                          "pass --format bf16.")  # fmt: skip
+                          "use the bf16 format.")  # fmt: skip
     too_large = [k for k in config.topks if k > draft_vocab]
     if too_large:
-        raise DsparkError(f"--topk {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); pass smaller values.")
+        raise DsparkError(f"top-k {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); use smaller values.")
     _check_memory(config, vocab, draft_vocab, rank)
 
 
@@ -402,14 +403,11 @@ def _check_memory(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) 
     weights, inputs = memory_needed(config, vocab, draft_vocab, rank)
     free = available_memory(config.device)
     if free is not None and weights + inputs > free:
-        raise DsparkError(f"this benchmark needs about {_gib(weights + inputs)} of memory ({_gib(weights)} of "
-                          f"Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, and {_gib(inputs)} of logit "
-                          f"rows for batch {max(config.batches)} x block {config.block}) but {config.device} has "
-                          f"{_gib(free)} free; pass smaller --vocab, --rank, --batch or --block.")  # fmt: skip
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:,.1f} GiB"
+        raise DsparkError(f"this benchmark needs about {format_bytes(weights + inputs)} of memory "
+                          f"({format_bytes(weights)} of Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, "
+                          f"and {format_bytes(inputs)} of logit rows for batch {max(config.batches)} x block "
+                          f"{config.block}) but {config.device} has {format_bytes(free)} free; use a smaller "
+                          "vocabulary, rank, batch or block.")  # fmt: skip
 
 
 # --- inputs -------------------------------------------------------------------------------------------------

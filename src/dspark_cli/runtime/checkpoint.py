@@ -139,7 +139,8 @@ def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
     else:
         raise CheckpointError(
             "DSP500",
-            f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check --target.",
+            f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check the target "
+            "path or id.",
         )
     return _config_object(read_json(config_path, "target config.json"), config_path)
 
@@ -159,7 +160,7 @@ def _hub_errors(what: str) -> Iterator[None]:
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise CheckpointError(
             "DSP511", f"{what} could not be read from the Hugging Face Hub ({type(error).__name__}); "
-            "check the id, --revision, your token and the network."
+            "check the id, the revision, your token and the network."
         ) from None
 
 

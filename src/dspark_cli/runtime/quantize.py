@@ -205,7 +205,7 @@ def _local_checkpoint(source: str | os.PathLike, revision: str | None) -> Checkp
     except (OSError, ValueError) as error:  # HfHubHTTPError is an OSError
         raise DsparkError(
             f"{source} could not be downloaded from the Hugging Face Hub ({type(error).__name__}); "
-            "check the id, --revision, your token and the network."
+            "check the id, the revision, your token and the network."
         ) from None
     local = open_checkpoint(folder)
     local.source, local.repo_id, local.revision = str(source), ckpt.repo_id, revision

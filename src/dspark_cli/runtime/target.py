@@ -54,6 +54,28 @@ def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> 
                           "Download or save the complete model.")
 
 
+def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.device) -> nn.Module:
+    """AutoModelForCausalLM.from_pretrained on `device` in `dtype`: safetensors only (a pickle is never
+    opened: unpickling can run code), never trust_remote_code, and every weight must come from the files
+    (transformers would fill a missing one with random values and only log it)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    _refuse_pickle_only(path)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report would repeat the refusal below as a table
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False,
+                                                           use_safetensors=True, output_loading_info=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise DsparkError(f"cannot load the target model {path}: {error}. It must be a Hugging Face causal "
+                          "LM folder or hub id (config.json + safetensors).") from error
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    _refuse_missing_weights(path, info["missing_keys"])
+    return model.to(device)
+
+
 class TargetModel:
     """One sequence (batch 1) of a causal LM with a DynamicCache and hidden-state capture."""
 
@@ -76,25 +98,8 @@ class TargetModel:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> "TargetModel":
-        """AutoModelForCausalLM.from_pretrained on `device` in `dtype`: safetensors only (a pickle is never
-        opened: unpickling can run code), never trust_remote_code, and every weight must come from the files
-        (transformers would fill a missing one with random values and only log it)."""
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as transformers_logging
-
-        _refuse_pickle_only(path)
-        verbosity = transformers_logging.get_verbosity()
-        transformers_logging.set_verbosity_error()  # its load report would repeat the refusal below as a table
-        try:
-            model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False,
-                                                               use_safetensors=True, output_loading_info=True)
-        except (OSError, ValueError, KeyError) as error:
-            raise DsparkError(f"cannot load the target model {path}: {error}. Pass --target a Hugging Face causal "
-                              "LM folder or hub id (config.json + safetensors).") from error
-        finally:
-            transformers_logging.set_verbosity(verbosity)
-        _refuse_missing_weights(path, info["missing_keys"])
-        return cls(model.to(device), capture_indices)
+        """The causal LM at `path` (see load_causal_lm) on `device` in `dtype`, capturing `capture_indices`."""
+        return cls(load_causal_lm(path, dtype=dtype, device=device), capture_indices)
 
     # --- geometry and shared weights -----------------------------------------------------------------------------
 

@@ -32,7 +32,10 @@ import torch.nn.functional as F
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
+from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.target import load_causal_lm
+from dspark_cli.runtime.target_training import cosine_lr
 from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
 from dspark_cli.runtime.training_dist import SINGLE, DistContext
@@ -393,12 +396,8 @@ def target_forward(target, tokens: torch.Tensor):
 # --- the training loop ---------------------------------------------------------------------------------------
 
 def lr_at(step: int, options: TrainOptions) -> float:
-    """Linear warm-up over warmup_ratio of the steps, then cosine decay to 10% of the peak."""
-    warmup = max(1, round(options.steps * options.warmup_ratio))
-    if step < warmup:
-        return options.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, options.steps - warmup))
-    return options.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+    """Linear warm-up over warmup_ratio of the steps, then cosine decay to 10% of the peak (cosine_lr)."""
+    return cosine_lr(step, options.steps, options.lr, warmup=max(1, round(options.steps * options.warmup_ratio)))
 
 
 @dataclass
@@ -627,16 +626,9 @@ def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
 
 
 def load_target_model(path: str | Path, device: torch.device):
-    """The frozen target (bf16 on CUDA, fp32 on CPU)."""
-    from transformers import AutoModelForCausalLM
-
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as error:
-        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
-                          "or hub id with its tokenizer.") from error
-    return model.to(device).eval().requires_grad_(False)
+    """The frozen target (bf16 on CUDA, fp32 on CPU), loaded as `dspark generate` loads it (load_causal_lm)."""
+    model = load_causal_lm(path, dtype=resolve_dtype("auto", device), device=device)
+    return model.eval().requires_grad_(False)
 
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
@@ -647,7 +639,7 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
 
     Everything that can be checked without the weights (the output folder, the window, one step's memory, the
     resume checkpoint) is checked before the target and the draft are allocated."""
-    from dspark_cli.runtime.training_checks import plan_draft, read_resume_point, resolve_device, restore_trainer
+    from dspark_cli.runtime.training_checks import plan_draft, read_resume_point, restore_trainer
     from dspark_cli.runtime.training_data import load_token_stream
     from dspark_cli.runtime.training_output import check_output, create_output
 

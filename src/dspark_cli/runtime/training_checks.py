@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.units import format_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -25,33 +26,7 @@ MAX_JSON_BYTES = 16 << 20  # trainer_state.json / config.json of a checkpoint ar
 LOGIT_COPIES = 4  # [B, A*K, V] fp32 tensors alive at the loss, at least: log q, q, p, |q - p| (and more)
 
 
-def format_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if count < 1000 or unit == "PB":
-            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
-
-
-# --- the device and the training window -------------------------------------------------------------------
-
-def resolve_device(device: str) -> torch.device:
-    """auto, cpu, cuda or cuda:N -> a torch.device that exists here, or one sentence."""
-    import torch
-
-    name = device.strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind, _, index = name.partition(":")
-    if name == "cpu" or (kind == "cuda" and (not index or index.isdigit())):
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
-        if index and int(index) >= torch.cuda.device_count():
-            raise DsparkError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); use "
-                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
-        return torch.device(name)
-    raise DsparkError(f"--device {device!r} is not a device dspark trains on; use auto, cpu, cuda or cuda:N.")
-
+# --- the training window -------------------------------------------------------------------
 
 def check_window(requested: int, seq_len: int, data_tokens: int, block_size: int, max_positions: int | None) -> None:
     """A window (`requested` tokens, `seq_len` once cut to the data) holds an anchor and its whole block's labels,
@@ -145,11 +120,11 @@ def available_memory(device) -> int | None:
 def check_memory(estimate: MemoryEstimate, available: int | None, device) -> None:
     if available is None or estimate.total <= available:
         return
-    raise DsparkError(f"one training step needs about {format_bytes(estimate.total)} "
-                      f"({format_bytes(estimate.draft_state)} for the draft's weights and optimizer state, "
-                      f"{format_bytes(estimate.activations)} for activations, {format_bytes(estimate.target_weights)} "
-                      f"for the target) but {device} has {format_bytes(available)} free; lower --batch-size, "
-                      "--seq-len, --anchors, --block-size, --layers or --markov-rank.")
+    size = [format_bytes(count, decimal=True) for count in
+            (estimate.total, estimate.draft_state, estimate.activations, estimate.target_weights, available)]
+    raise DsparkError(f"one training step needs about {size[0]} ({size[1]} for the draft's weights and optimizer "
+                      f"state, {size[2]} for activations, {size[3]} for the target) but {device} has {size[4]} free; "
+                      "lower --batch-size, --seq-len, --anchors, --block-size, --layers or --markov-rank.")
 
 
 # --- resuming --------------------------------------------------------------------------------------------------
@@ -159,7 +134,8 @@ def read_json_object(path: Path, what: str) -> dict:
     if not path.is_file():
         raise DsparkError(f"{path} is missing; {what}")
     if path.stat().st_size > MAX_JSON_BYTES:
-        raise DsparkError(f"{path} is {format_bytes(path.stat().st_size)}, too large for a checkpoint's JSON; {what}")
+        raise DsparkError(f"{path} is {format_bytes(path.stat().st_size, decimal=True)}, too large for a checkpoint's "
+                          f"JSON; {what}")
     try:
         value = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

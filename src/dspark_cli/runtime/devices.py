@@ -1,0 +1,33 @@
+"""Device and dtype names -> torch objects, one meaning for every command ("auto" picks CUDA when present)."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto (cuda when available, else cpu), cpu, cuda or cuda:N that exists here; ValueError for anything else."""
+    text = name.strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = text.partition(":")
+    if not (text == "cpu" or (kind == "cuda" and (not index or index.isdigit()))):
+        raise ValueError(f"{name!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: CUDA is not available here; use cpu")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s); use cuda:0 .. "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(text)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto (bfloat16 on CUDA, float32 elsewhere) or one of DTYPE_NAMES; ValueError for anything else."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"must be auto, float32, bfloat16 or float16, got {name!r}")
+    return DTYPE_NAMES[name]
