@@ -18,13 +18,14 @@ from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import (
     DraftContext,
     Drafter,
+    accept_block,
     autoregressive_generate,
     check_pair,
     draft_block,
     max_block_size,
     prefill,
+    score_block,
     speculative_generate,
-    verify_block,
 )
 from dspark_cli.runtime.target import TargetModel
 
@@ -209,7 +210,8 @@ def test_incremental_context_equals_a_full_recompute(target, drafts):
     accepted_counts = []
     for _ in range(6):
         proposal = draft_block(drafter, context, anchor, 4, None)
-        accepted, anchor, features = verify_block(target, sequence[-1], proposal, 4, GREEDY, None)
+        logits, features = score_block(target, sequence[-1], proposal, 4)
+        accepted, anchor = accept_block(proposal, proposal.tokens.tolist(), logits, GREEDY, None)
         target.crop(context.length + accepted + 1)
         context.append(draft, features[: accepted + 1])
         sequence += proposal.tokens[:accepted].tolist() + [anchor]
