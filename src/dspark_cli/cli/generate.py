@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -238,11 +238,12 @@ def generate(
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:
         from dspark_cli.runtime.evaluation import stats_tau_interval
+        from dspark_cli.runtime.metrics import round_dicts
 
         tau = stats_tau_interval(stats)
         render.emit_json({"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
                           "prompts": [run.to_dict() for run in runs],
-                          "rounds": [[asdict(r) for r in s.rounds] for s in stats]}, json_path)  # fmt: skip
+                          "rounds": [round_dicts(s) for s in stats]}, json_path)  # fmt: skip
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------

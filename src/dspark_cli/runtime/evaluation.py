@@ -28,8 +28,8 @@ from dspark_cli.runtime.metrics import (
     Calibration,
     GenerationStats,
     RoundRecord,
+    round_dicts,
     stage_sections,
-    stage_seconds,
     summarize,
 )
 
@@ -143,7 +143,7 @@ def prompt_result(set_name: str, index: int, prompt: str, result, baseline=None)
         plain = {"new_tokens": baseline.stats.new_tokens, "ttft_s": baseline.stats.ttft_s,
                  "total_s": baseline.stats.total_s, "tokens": baseline.tokens}  # fmt: skip
     return PromptResult(set_name, index, prompt, stats.prompt_tokens, stats.new_tokens, stats.ttft_s, stats.total_s,
-                        [asdict(r) | stage_seconds(t) for r, t in zip(stats.rounds, stats.sections, strict=True)], list(result.tokens), result.finished_by_stop, plain)
+                        round_dicts(stats), list(result.tokens), result.finished_by_stop, plain)
 
 
 @dataclass

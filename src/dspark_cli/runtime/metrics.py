@@ -262,6 +262,11 @@ def stage_sections(stages: dict[str, float]) -> dict[str, float]:
     return {names[0]: 1000.0 * stages[stage] for stage, names in STAGE_SECTIONS.items() if stage in stages}
 
 
+def round_dicts(stats: GenerationStats) -> list[dict]:
+    """The rounds of one prompt as JSON objects: RoundRecord's fields plus its four stages in seconds."""
+    return [asdict(r) | stage_seconds(t) for r, t in zip(stats.rounds, stats.sections, strict=True)]
+
+
 def _round_breakdown(sections: list[dict[str, float]]) -> RoundBreakdown | None:
     if not sections:
         return None

@@ -360,6 +360,14 @@ def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_sc
     return new
 
 
+def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidences: list[float] | None) -> RoundRecord:
+    """The RoundRecord of a finished round; confidences are kept as the head gave them, even NaN from a broken
+    head (set after the range check: the report says why they cannot be scored, metrics.calibration_problem)."""
+    record = RoundRecord(proposed, accepted, emitted, drafted)
+    record.confidences = confidences
+    return record
+
+
 def advance(target, draft, context: DraftContext, features: torch.Tensor, accepted: int) -> None:
     """Drop the rejected positions from the target cache and give the draft context the anchor and the
     accepted tokens (their features came with the score pass): both then hold length + accepted + 1."""
@@ -437,8 +445,7 @@ def speculative_generate(
                 advance(target, draft, context, features, accepted)
                 loop.anchor = next_token
 
-    rounds = [RoundRecord(proposed, accepted, emitted, drafted, confidences)
-              for proposed, accepted, emitted, drafted, confidences in loop.rounds]  # fmt: skip
+    rounds = [_record(*counts) for counts in loop.rounds]
     stats = GenerationStats(len(prompt), len(loop.tokens), ttft_s, timer.now() - timer.started, rounds, timer.rounds)
     return GenerationResult(loop.tokens, stats, loop.tokens[-1] in stops)
 
