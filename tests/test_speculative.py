@@ -6,6 +6,8 @@ so rounds accept 0..block_size tokens and both the accept and the reject paths r
 bf16 (DeepSpec's format) unless named fp32, and loaded in float32.
 """
 
+import time
+
 import pytest
 import torch
 from ckpt_factory import DraftSpec, write_draft
@@ -20,6 +22,7 @@ from dspark_cli.runtime.speculative import (
     Drafter,
     accept_block,
     autoregressive_generate,
+    check_lengths,
     check_pair,
     draft_block,
     max_block_size,
@@ -28,6 +31,7 @@ from dspark_cli.runtime.speculative import (
     speculative_generate,
 )
 from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.timing import SectionTimer
 
 PROMPTS = ([5, 17, 33, 2, 99], [7, 8, 9, 10])
 MAX_NEW = 40
@@ -279,3 +283,30 @@ def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference
     result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
                                   stop_ids=[stop])  # fmt: skip
     assert result.tokens == expected[: expected.index(stop) + 1] and result.finished_by_stop
+
+
+def test_each_round_is_timed_by_step_and_the_cache_lengths_are_checked(target, drafts):
+    """One SectionTimer record per round with every step of the loop; check_lengths refuses a target cache
+    that holds more positions than the draft context (a wrong crop would break the next round)."""
+    result = speculative_generate(target, drafts["fp32"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=20)
+    sections = result.stats.sections
+    assert len(sections) == len(result.stats.rounds) > 1
+    assert all(set(r) == {"draft", "markov", "score", "accept", "commit"} for r in sections)
+    assert all(ms >= 0.0 for r in sections for ms in r.values())
+
+    anchor, context = prefill(target, drafts["fp32"], torch.tensor(PROMPTS[0]), GREEDY, None, capacity=8)
+    check_lengths(target, context)  # equal after prefill
+    target.score(torch.tensor([anchor]))  # the target cache grows by one, the context does not
+    with pytest.raises(AssertionError, match="target cache holds 6 positions, draft context 5"):
+        check_lengths(target, context)
+
+
+def test_section_timer_adds_up_per_round():
+    timer = SectionTimer(torch.device("cpu"))
+    for _ in range(2):
+        timer.start_round()
+        for name in ("a", "b", "a"):
+            with timer.section(name):
+                time.sleep(0.002)
+    assert [set(r) for r in timer.rounds] == [{"a", "b"}, {"a", "b"}]
+    assert all(r["a"] >= 4.0 and 2.0 <= r["b"] < r["a"] + 2.0 for r in timer.rounds)  # ms; "a" ran twice

@@ -204,9 +204,15 @@ class Drafter:
     draft_topk: int | None = None
     weights: MarkovWeights | None = field(init=False)
     query_ids: dict[int, torch.Tensor] = field(init=False, default_factory=dict)  # n_queries -> [1, Q] int64
+    draft_vocab_ids: torch.Tensor | None = field(init=False)  # [Vd] target id of each draft id; None: identity
 
     def __post_init__(self) -> None:
         self.weights = MarkovWeights.from_draft(self.draft)
+        d2t, draft_vocab = self.draft.d2t, self.draft.lm_head.weight.shape[0]
+        self.draft_vocab_ids = None
+        if d2t is not None or draft_vocab != self.target_vocab:
+            ids = torch.arange(draft_vocab, device=self.draft.lm_head.weight.device)
+            self.draft_vocab_ids = ids if d2t is None else ids + d2t
 
     def queries(self, anchor: int, n_queries: int, device: torch.device) -> torch.Tensor:
         """[1, Q] int64 [anchor, mask * (Q-1)] in a buffer kept across rounds (only the anchor is written)."""
@@ -270,12 +276,9 @@ def draft_block(
 def _target_vocab_probs(drafter: Drafter, walk: MarkovResult) -> torch.Tensor:
     """q over the target vocabulary: the processed draft distribution [N, Vd] scattered through d2t -> [N, V]."""
     probs = sampling.target_probs(walk.logits, drafter.params)  # [N, Vd]
-    d2t = drafter.draft.d2t
-    if d2t is None and probs.shape[-1] == drafter.target_vocab:
+    target_ids = drafter.draft_vocab_ids
+    if target_ids is None:
         return probs
-    target_ids = torch.arange(probs.shape[-1], device=probs.device)
-    if d2t is not None:
-        target_ids = target_ids + d2t
     full = probs.new_zeros(probs.shape[0], drafter.target_vocab)
     return full.index_copy_(1, target_ids, probs)
 
