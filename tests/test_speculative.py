@@ -28,6 +28,7 @@ from dspark_cli.runtime.speculative import (
     max_block_size,
     prefill,
     score_block,
+    scored_length,
     speculative_generate,
 )
 from dspark_cli.runtime.target import TargetModel
@@ -310,3 +311,19 @@ def test_section_timer_adds_up_per_round():
                 time.sleep(0.002)
     assert [set(r) for r in timer.rounds] == [{"a", "b"}, {"a", "b"}]
     assert all(r["a"] >= 4.0 and 2.0 <= r["b"] < r["a"] + 2.0 for r in timer.rounds)  # ms; "a" ran twice
+
+
+def test_scored_length_matches_float64_survival_and_keeps_ties():
+    """The host-side rule (on the confidences the round copies anyway) equals the float64 cumulative product on
+    the tensor; a survival or a slot exactly at the threshold is scored (>=)."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        confidences = torch.rand(8, generator=generator) ** 0.3  # [N] fp32, mostly high
+        threshold = float(torch.rand(1, generator=generator))
+        survival = torch.cumprod(confidences.double(), dim=0)
+        assert scored_length(confidences.tolist(), threshold) == int((survival >= threshold).sum())
+        below = (confidences < threshold).nonzero()
+        per_slot = int(below[0, 0]) if below.numel() else 8
+        assert scored_length(confidences, threshold, "per-slot") == per_slot
+    assert scored_length([1.0, 0.5, 0.25], 0.5) == 2
+    assert scored_length([0.5, 0.4], 0.5, "per-slot") == 1
