@@ -292,7 +292,8 @@ def test_each_round_is_timed_by_step_and_the_cache_lengths_are_checked(target, d
     result = speculative_generate(target, drafts["fp32"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=20)
     sections = result.stats.sections
     assert len(sections) == len(result.stats.rounds) > 1
-    assert all(set(r) == {"draft", "markov", "score", "accept", "commit"} for r in sections)
+    steps = {"draft", "markov", "score", "accept", "commit"}
+    assert all(steps <= set(r) <= steps | {"advance"} for r in sections) and "advance" in sections[0]
     assert all(ms >= 0.0 for r in sections for ms in r.values())
 
     anchor, context = prefill(target, drafts["fp32"], torch.tensor(PROMPTS[0]), GREEDY, None, capacity=8)

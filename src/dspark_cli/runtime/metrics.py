@@ -66,7 +66,8 @@ class GenerationStats:
     logits, in no round) included. ttft_s: until that first token; total_s: until the last one.
     sections: per round, wall-clock ms per step of the loop (runtime/timing.SectionTimer): draft (the
     draft's parallel pass), markov (Markov walk, confidence head, q), score (the target forward over the
-    block), accept (the accept/reject decision), commit (output, streaming, cache crop and draft context).
+    block), accept (the accept/reject decision), commit (output, streaming), advance (target cache crop and
+    draft context append; absent in the last round).
     """
 
     prompt_tokens: int
@@ -249,7 +250,7 @@ def _confidence_calibration(rounds: list[RoundRecord], block_size: int) -> Confi
 
 # The report's four round stages, each the sum of these loop sections (GenerationStats.sections).
 STAGE_SECTIONS = {"draft_backbone": ("draft",), "markov": ("markov",), "verify": ("score", "accept"),
-                  "other": ("commit",)}  # fmt: skip
+                  "other": ("commit", "advance")}  # fmt: skip
 
 
 def stage_seconds(sections: dict[str, float]) -> dict[str, float]:

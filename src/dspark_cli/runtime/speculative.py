@@ -138,7 +138,7 @@ class DraftContext:
     """The draft's context cache for one sequence: K/V of positions 0..length-1 per draft layer, in buffers
     that grow by doubling, plus the position ids 0..capacity-1 that the context and query blocks slice.
 
-    Owned by one speculative_generate call: filled at prefill, extended only by the commit step, so that
+    Owned by one speculative_generate call: filled at prefill, extended only by the advance step, so that
     `length` always equals the target cache length (the committed positions whose features are known)."""
 
     def __init__(self, draft, capacity: int):
@@ -444,9 +444,10 @@ def speculative_generate(
             new = commit(loop, drafted, accepted, next_token, n_scored, confidences, stops, max_new_tokens)
             if on_tokens is not None and new:
                 on_tokens(new)
-            if not loop.stopped and loop.committed_total < limit:
+        if not loop.stopped and loop.committed_total < limit:
+            with timer.section("advance"):
                 advance(target, draft, context, features, accepted)
-                loop.anchor = next_token
+            loop.anchor = next_token
 
     rounds = [_record(*counts) for counts in loop.rounds]
     stats = GenerationStats(len(prompt), len(loop.tokens), ttft_s, timer.now() - timer.started, rounds, timer.rounds)
