@@ -14,7 +14,6 @@ machine affects it less than the ratio of two separate loops).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,17 +25,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-import torch  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
 from dspark_cli.runtime import evaluation as ev  # noqa: E402
-from dspark_cli.runtime.chat import encode_prompt  # noqa: E402
-from dspark_cli.runtime.config import DraftConfig  # noqa: E402
-from dspark_cli.runtime.demo import demo_pair  # noqa: E402
-from dspark_cli.runtime.draft import DSparkDraft  # noqa: E402
-from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.speculative import speculative_generate  # noqa: E402
-from dspark_cli.runtime.target import TargetModel  # noqa: E402
+from dspark_cli.runtime.pair import Pair  # noqa: E402
 
 
 def main() -> None:
@@ -46,24 +36,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    target_dir, draft_dir = demo_pair()
-    indices = DraftConfig.from_dict(json.loads((draft_dir / "config.json").read_text())).hidden_state_indices
-    target = TargetModel.load(target_dir, indices, dtype=torch.float32, device=device)
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight, device=device)  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    pair = Pair.load(dtype="float32")  # the demo pair, on CUDA when there is one
+    device = pair.device
     sets = [ev.read_prompt_set(path, args.limit) for path in ev.SHIPPED_SETS]
-    params = SamplingParams()
 
     inside = [0.0]  # seconds spent in generate() itself during the eval loop
 
     def generate(prompt: str, seed: int):
         start = time.perf_counter()
-        ids = encode_prompt(tokenizer, prompt, chat=False, source=str(target_dir))
-        generator = torch.Generator(device=device).manual_seed(seed)
-        result = speculative_generate(target, draft, ids, params, block_size=7, max_new_tokens=args.max_new_tokens,
-                                      length_rule="deepspec", generator=generator)  # fmt: skip
+        ids = pair.encode(prompt, chat=False)
+        result = pair.generate(ids, block_size=7, max_new_tokens=args.max_new_tokens, length_rule="deepspec",
+                               seed=seed)  # fmt: skip
         inside[0] += time.perf_counter() - start
         return result
 

@@ -42,21 +42,11 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 
 from dspark_cli.errors import DsparkError  # noqa: E402
-from dspark_cli.runtime.checkpoint import open_checkpoint  # noqa: E402
-from dspark_cli.runtime.config import DraftConfig  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
-from dspark_cli.runtime.draft import DSparkDraft  # noqa: E402
 from dspark_cli.runtime.metrics import summarize  # noqa: E402
+from dspark_cli.runtime.pair import Pair  # noqa: E402
 from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.speculative import (  # noqa: E402
-    DraftContext,
-    Drafter,
-    autoregressive_generate,
-    draft_block,
-    max_block_size,
-    speculative_generate,
-)
-from dspark_cli.runtime.target import TargetModel  # noqa: E402
+from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block  # noqa: E402
 
 TEXT_PROMPTS = [
     *DEMO_PROMPTS,
@@ -122,26 +112,20 @@ def main() -> None:
 
 
 def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    config = DraftConfig.from_dict(open_checkpoint(draft_dir).config)
-    target = TargetModel.load(target_dir, config.hidden_state_indices, dtype=dtype, device=device)
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight, dtype=dtype, device=device)
-    trained = max_block_size(config) or 7
+    pair = Pair.load(target_dir, draft_dir, device=args.device, dtype=args.dtype or "auto", markov=args.markov,
+                     draft_topk=args.draft_topk)  # fmt: skip
+    target, draft, device, dtype = pair.target, pair.draft, pair.device, pair.checked.dtype
+    trained = pair.checked.check.trained_block_size or 7
     block_sizes = [int(b) for b in args.block_sizes.split(",")] if args.block_sizes else sorted({1, 2, 4, trained})
     prompts, prompt_kind = prompts_for(target_dir, target.vocab_size, args.prompts)
     params = SamplingParams(temperature=args.temperature)
     stop_ids: list[int] = []  # fixed lengths: every run decodes exactly max_new_tokens per prompt
 
     def speculative(prompt, block_size, tokens):
-        return speculative_generate(target, draft, prompt, params, block_size=block_size, max_new_tokens=tokens,
-                                    strategy=args.markov, draft_topk=args.draft_topk, stop_ids=stop_ids,
-                                    generator=torch.Generator(device=device).manual_seed(0))
+        return pair.generate(prompt, params=params, block_size=block_size, max_new_tokens=tokens, stop_ids=stop_ids)
 
     def baseline(prompt, tokens):
-        return autoregressive_generate(target, prompt, params, max_new_tokens=tokens, stop_ids=stop_ids,
-                                       generator=torch.Generator(device=device).manual_seed(0))
+        return pair.baseline(prompt, params=params, max_new_tokens=tokens, stop_ids=stop_ids)
 
     thread_counts = [int(t) for t in args.threads.split(",")]
     speculative(prompts[0], block_sizes[-1], 16), baseline(prompts[0], 16)  # warm-up

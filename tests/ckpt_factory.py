@@ -1,4 +1,4 @@
-"""Tiny DSpark checkpoints in DeepSpec's exact format (dspark-format.md §1.1–1.2), and mutations of them.
+"""Tiny DSpark checkpoints in DeepSpec's exact format (docs/format.md §1.1–1.2), and mutations of them.
 
     spec = DraftSpec()                      # small geometry; every field can be changed
     path = write_draft(tmp_path / "d", spec)  # config.json + model.safetensors (or shards)
@@ -255,7 +255,7 @@ def write_target_config(path: Path, spec: DraftSpec = DraftSpec(), **changes) ->
     return path
 
 
-# --- NVFP4 markov_w2 as `dspark quantize` writes it (nvfp4.md §4) -------------------------------------------------
+# --- NVFP4 markov_w2 as `dspark quantize` writes it (docs/nvfp4.md §4) ----------------------------------------------
 
 VLLM_MARKOV_W2 = "model.markov_head.markov_w2"  # the prefix vLLM asks the quantization config about
 W4A16_LAYER = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
@@ -323,7 +323,7 @@ def write_nvfp4_draft(
     return path
 
 
-# --- other layouts of the same weights (other-formats.md) ---------------------------------------------------------
+# --- other layouts of the same weights (docs/formats-other.md) -----------------------------------------------------
 
 
 def speculators_config(spec: DraftSpec, kind: str = "dspark") -> dict:

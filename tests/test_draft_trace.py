@@ -19,12 +19,11 @@ import pytest
 import torch
 from ckpt_factory import DraftSpec, write_draft
 
-from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.demo import DEMO_DIR, DEMO_PROMPTS
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.pair import Pair
 from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block, speculative_generate
-from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block
 from dspark_cli.runtime.training import build_blocks, draft_forward
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_trace.json"
@@ -75,18 +74,11 @@ def _digest(folder: Path) -> str:
 
 def demo_trace() -> dict:
     target_dir, draft_dir = DEMO_DIR / "target", DEMO_DIR / "draft"
-    indices = DraftConfig.from_dict(json.loads((draft_dir / "config.json").read_text())).hidden_state_indices
-    target = TargetModel.load(target_dir, indices, dtype=torch.float32)
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight, dtype=torch.float32)  # fmt: skip
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32", markov="dense")
     accepted = []
     for prompt in TRACE_PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
-        result = speculative_generate(target, draft, ids, SamplingParams(), block_size=TRACE_BLOCK,
-                                      max_new_tokens=TRACE_TOKENS, strategy="dense")  # fmt: skip
+        result = pair.generate(pair.encode(prompt, chat=False), block_size=TRACE_BLOCK, max_new_tokens=TRACE_TOKENS,
+                               stop_ids=())  # fmt: skip
         accepted.append([r.accepted for r in result.stats.rounds])
     return {"target_sha256": _digest(target_dir), "draft_sha256": _digest(draft_dir), "block_size": TRACE_BLOCK,
             "max_new_tokens": TRACE_TOKENS, "prompts": list(TRACE_PROMPTS), "accepted": accepted}  # fmt: skip

@@ -156,18 +156,10 @@ def test_confidence_rules_cut_where_documented():
 
 @pytest.fixture(scope="module")
 def demo_models():
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.target import TargetModel
-    from transformers import AutoTokenizer
+    from dspark_cli.runtime.pair import Pair
 
-    from dspark_cli.runtime.config import DraftConfig
-
-    target_dir, draft_dir = demo_pair()
-    indices = DraftConfig.from_dict(json.loads((draft_dir / "config.json").read_text())).hidden_state_indices
-    target = TargetModel.load(target_dir, indices, dtype=torch.float32)
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight)  # fmt: skip
-    return target, draft, AutoTokenizer.from_pretrained(target_dir)
+    pair = Pair.load(device="cpu", dtype="float32")  # the demo pair
+    return pair.target, pair.draft, pair.tokenizer
 
 
 def test_deepspec_length_rule_runs_one_more_round_at_exactly_the_limit(demo_models):

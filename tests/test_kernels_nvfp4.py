@@ -120,7 +120,7 @@ def test_quantize_error_is_small_and_input_untouched():
     assert torch.equal(w, before)
     assert weight.shape == (64, 256)
     relative_error = ((weight.dequantize() - w).norm() / w.norm()).item()
-    assert 0.05 < relative_error < 0.12  # nvfp4.md §7 measured 0.095 for such a tensor
+    assert 0.05 < relative_error < 0.12  # docs/nvfp4.md §7 measured 0.095 for such a tensor
 
 
 @pytest.mark.parametrize("engine", ["torch", "modelopt"])

@@ -13,8 +13,6 @@ import torch
 from ckpt_factory import DraftSpec, write_draft
 from pair_factory import bigram_draft, bigram_target
 
-from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
 from dspark_cli.runtime.draft import DSparkDraft
 from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import (
@@ -23,7 +21,6 @@ from dspark_cli.runtime.speculative import (
     accept_block,
     autoregressive_generate,
     check_lengths,
-    check_pair,
     draft_block,
     max_block_size,
     prefill,
@@ -251,24 +248,6 @@ def test_bf16_pair_runs_and_starts_like_plain_decoding(pair_dirs):
 def test_max_block_size_follows_the_query_layout(drafts):
     assert max_block_size(drafts["bf16"].config) == 8  # N queries propose N tokens
     assert max_block_size(drafts["layout-1+N"].config) == 8  # 1 + N queries: the anchor slot proposes nothing
-
-
-def test_check_pair_resolves_and_refuses(pair_dirs):
-    target_dir, draft_dirs = pair_dirs
-    ckpt, target_config = open_checkpoint(draft_dirs["bf16"]), read_target_config(target_dir)
-    pair = check_pair(ckpt, target_config, None, None)
-    assert (pair.block_size, pair.trained_block_size, pair.draft_topk) == (8, 8, None)
-    assert check_pair(ckpt, target_config, 3, 16).block_size == 3
-    with pytest.raises(DsparkError, match="--block-size 9 is larger than the 8 draft tokens"):
-        check_pair(ckpt, target_config, 9, None)
-    with pytest.raises(DsparkError, match="--draft-topk must be between 1 and"):
-        check_pair(ckpt, target_config, None, 300)
-    with pytest.raises(DsparkError, match="cannot run with this target: DSP024"):
-        check_pair(ckpt, {**target_config, "hidden_size": 32}, None, None)
-    with pytest.raises(DsparkError, match="cannot run with this target: DSP103"):
-        check_pair(ckpt, {**target_config, "vocab_size": 512}, None, None)
-    with pytest.raises(DsparkError, match="DSP019"):
-        check_pair(ckpt, {**target_config, "num_hidden_layers": 2}, None, None)
 
 
 def test_threshold_without_confidence_head_is_refused(target, drafts):

@@ -205,23 +205,14 @@ def test_refuses_to_overwrite_output(tmp_path, tiny_pair):
 
 def test_shipped_demo_pair_is_lossless_at_greedy():
     from dspark_cli.runtime.demo import DEMO_DIR
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import autoregressive_generate, speculative_generate
-    from dspark_cli.runtime.target import TargetModel
+    from dspark_cli.runtime.pair import Pair
 
     if not (DEMO_DIR / "draft" / "config.json").is_file():
         pytest.skip("the demo pair is not built (scripts/build_demo.py)")
-    from transformers import AutoTokenizer
-
-    draft = DSparkDraft.from_checkpoint(DEMO_DIR / "draft")
-    target = TargetModel.load(DEMO_DIR / "target", capture_indices=draft.config.hidden_state_indices)
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
-    prompt = tokenizer("import os\n\n\ndef read_config(path):\n", return_tensors="pt")["input_ids"][0]
-    greedy = SamplingParams(temperature=0.0)
-    plain = autoregressive_generate(target, prompt, greedy, max_new_tokens=48)
-    spec = speculative_generate(target, draft, prompt, greedy, block_size=draft.config.block_size.value,
-                                max_new_tokens=48)
+    pair = Pair.load(device="cpu", dtype="float32")
+    prompt = pair.encode("import os\n\n\ndef read_config(path):\n", chat=False)
+    plain = pair.baseline(prompt, max_new_tokens=48, stop_ids=())
+    spec = pair.generate(prompt, max_new_tokens=48, stop_ids=())
     assert spec.tokens == plain.tokens
     assert len(spec.stats.rounds) < 48 / 1.5  # the draft is accepted often, not just lossless
 
@@ -257,3 +248,40 @@ def test_demo_build_is_deterministic(tmp_path):
         assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out1" / name).read_bytes(), name
     assert (tmp_path / "work0/dflash_draft/model.safetensors").read_bytes() == (
         tmp_path / "work1/dflash_draft/model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("shape", [
+    SHAPE,
+    DraftShape(layers=2, block_size=4, markov_rank=0, confidence=False),
+    DraftShape(layers=1, block_size=4, markov_rank=8, confidence_with_markov=False, train_embeddings=True,
+               train_lm_head=True),
+    DraftShape(layers=1, block_size=4, markov_rank=8, mask_token_id=300),  # an added mask row: own embedding
+], ids=["default", "dflash", "trained-copies", "added-mask-row"])
+def test_memory_estimate_counts_the_trainable_parameters(tmp_path, tiny_pair, shape):
+    """The estimate checked before allocating counts exactly the weights the optimizer will hold."""
+    from dspark_cli.runtime.training import trainable_parameters
+    from dspark_cli.runtime.training_checks import run_memory_estimate
+
+    target_dir, data = tiny_pair
+    target_config = json.loads((target_dir / "config.json").read_text())
+    if shape.mask_token_id is not None:
+        shape = DraftShape(**{**vars(shape), "mask_token_id": target_config["vocab_size"]})
+    run = prepare_run(target_dir, [data], tmp_path / "out", shape, OPTIONS)
+    run.trainer.draft.save(tmp_path / "saved", include_shared=True)
+    draft_config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    estimate = run_memory_estimate(target_config, draft_config, shape, OPTIONS, run.trainer.seq_len,
+                                   torch.device("cpu"))
+    trainable = sum(p.numel() for p in trainable_parameters(run.trainer.draft))
+    assert estimate.draft_state == 16 * trainable
+    target_params = sum(p.numel() for p in run.trainer.target.parameters())
+    assert estimate.target_weights == 4 * target_params
+
+
+def test_non_finite_loss_stops_the_loop_before_writing(tmp_path, tiny_pair):
+    """A diverging run raises at the first non-finite loss and writes no final draft over the last checkpoint."""
+    target_dir, data = tiny_pair
+    options = TrainOptions(**{**vars(OPTIONS), "lr": 1e30, "save_every": 1})
+    run = prepare_run(target_dir, [data], tmp_path / "out", SHAPE, options)
+    with pytest.raises(DsparkError, match=r"diverged at step 2: the loss is nan .*checkpoint-1"):
+        train_loop(run.trainer, run.out)
+    assert sorted(p.name for p in run.out.iterdir()) == ["checkpoint-1"]

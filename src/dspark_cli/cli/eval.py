@@ -61,8 +61,6 @@ def eval_command(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
                                           "kept, only missing ones run (saved back to it unless --json)."),
 ) -> None:
-    import torch
-
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime import evaluation as ev
     from dspark_cli.runtime.speculative import CONFIDENCE_RULES
@@ -92,8 +90,6 @@ def eval_command(
             raise DsparkError("give at least one prompt set with --data FILE.")
         if confidence_rule not in CONFIDENCE_RULES:
             raise DsparkError(f"--confidence-rule must be survival or per-slot, got {confidence_rule!r}.")
-        if confidence_threshold is not None and not 0.0 < confidence_threshold <= 1.0:
-            raise DsparkError(f"--confidence-threshold must be in (0, 1], got {confidence_threshold}.")
         sets = [ev.read_prompt_set(path, limit, seed) for path in data]
         settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
                     "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
@@ -105,7 +101,7 @@ def eval_command(
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, compare, json_path, markdown_path)
 
-    session = _load(settings, sets, out, torch)
+    session = _load(settings, sets, out)
     run.settings = settings
     block = settings["block_size"]
 
@@ -185,96 +181,45 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
                               "resume with the stored settings, or start a new run.")
 
 
-def _load(settings: dict, sets: list, out: Console, torch):
-    """Resolve and check the pair, encode every prompt (checked against the target's context), load the pair, and
-    return session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov
-    strategy and chat into `settings`."""
-    from dspark_cli.cli.generate import MARKOV_CHOICES, _device, _dtype, _stop_ids, _tokenizer
-    from dspark_cli.errors import DsparkError
+def _load(settings: dict, sets: list, out: Console):
+    """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
+    session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
+    and chat into `settings`."""
     from dspark_cli.runtime import evaluation as ev
-    from dspark_cli.runtime.chat import encode_prompt
-    from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
-    from dspark_cli.runtime.config import DraftConfig
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
+    from dspark_cli.runtime.pair import Pair
     from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import (autoregressive_generate, check_context, check_pair, context_limit,
-                                                speculative_generate)
-    from dspark_cli.runtime.target import TargetModel
 
     s = settings
-    if s["markov"] not in MARKOV_CHOICES:
-        raise DsparkError(f"--markov must be one of {', '.join(MARKOV_CHOICES)}, got {s['markov']!r}.")
-    torch_device = _device(s["device"], torch)
-    torch_dtype = _dtype(s["dtype"], torch_device, torch)
-    ckpt = open_checkpoint(s["draft"])
-    target_config = read_target_config(s["target"])
-    pair = check_pair(ckpt, target_config, s["block_size"], None)
-    for warning in pair.warnings:
-        out.print(Text(f"warning: {warning}", style="yellow"))
-    tokenizer = _tokenizer(s["target"])
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    use_chat = has_template if s["chat"] is None else s["chat"]
-    if use_chat and not has_template:
-        raise DsparkError(f"--chat: the tokenizer of {s['target']} has no chat template; pass --no-chat.")
-    encoded = {}  # (set name, index) -> token ids
-    for prompt_set in sets:
-        for index, text in enumerate(prompt_set.prompts):
-            ids = encode_prompt(tokenizer, text, use_chat, s["target"], s["thinking"])
-            if not ids:
-                raise DsparkError(f"prompt {index + 1} of {prompt_set.path} encodes to no tokens; remove it.")
-            encoded[prompt_set.name, index] = ids
-    for prompt_set in sets:
-        lengths = [len(encoded[prompt_set.name, i]) for i in range(len(prompt_set.prompts))]
-        check_context(lengths, s["max_new_tokens"], context_limit(target_config), s["target"])
+    checked = Pair.check(s["target"], s["draft"], device=s["device"], dtype=s["dtype"], block_size=s["block_size"],
+                         markov=s["markov"], confidence_threshold=s["confidence_threshold"])  # fmt: skip
+    _warn(out, checked.warnings)
+    use_chat = checked.chat(s["chat"])
+    encoded = ev.encode_sets(checked, sets, use_chat, s["thinking"], s["max_new_tokens"])
     with out.status("loading the target and the draft"):
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        indices = DraftConfig.from_dict(ckpt.config).hidden_state_indices
-        target_model = TargetModel.load(s["target"], indices, dtype=torch_dtype, device=torch_device)
-        draft_model = DSparkDraft.from_checkpoint(ckpt, target_embed=target_model.embed_weight,
-                                                  target_lm_head=target_model.lm_head_weight,
-                                                  dtype=torch_dtype, device=torch_device)  # fmt: skip
-    if s["confidence_threshold"] is not None and draft_model.confidence_head is None:
-        raise DsparkError(f"{s['draft']} has no confidence head, so --confidence-threshold cannot be used.")
+        pair = checked.load(progress=False)
+    _warn(out, pair.warnings[len(checked.warnings) :])
     params = SamplingParams(temperature=s["temperature"])
-    try:
-        strategy = choose_strategy(s["markov"], MarkovWeights.from_draft(draft_model), pair.draft_topk, params,
-                                   torch_device.type == "cuda")  # fmt: skip
-    except ValueError as error:
-        raise DsparkError(f"--markov {s['markov']}: {error}.") from None
-    stop_ids = _stop_ids(target_model, tokenizer)
-    s.update(block_size=pair.block_size, device=str(torch_device), dtype=str(torch_dtype).removeprefix("torch."),
-             markov=strategy, chat=use_chat)  # fmt: skip
-
-    def speculative(ids, tokens, seed):
-        generator = torch.Generator(device=torch_device).manual_seed(seed)
-        return speculative_generate(target_model, draft_model, ids, params, block_size=pair.block_size,
-                                    max_new_tokens=tokens, strategy=strategy, draft_topk=pair.draft_topk,
-                                    confidence_threshold=s["confidence_threshold"],
-                                    confidence_rule=s["confidence_rule"], length_rule="deepspec",
-                                    stop_ids=stop_ids, generator=generator)  # fmt: skip
-
-    def plain(ids, tokens, seed):
-        generator = torch.Generator(device=torch_device).manual_seed(seed)
-        return autoregressive_generate(target_model, ids, params, max_new_tokens=tokens, stop_ids=stop_ids,
-                                       generator=generator)  # fmt: skip
-
+    s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
+             markov=pair.strategy(params), chat=use_chat)  # fmt: skip
+    options = {"max_new_tokens": s["max_new_tokens"], "params": params}
+    rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
     warm = [True]
 
     def session(set_name: str, index: int, text: str):
         ids = encoded[set_name, index]
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            speculative(ids, min(s["max_new_tokens"], pair.block_size + 2), s["seed"])
-            if s["baseline"]:
-                plain(ids, min(s["max_new_tokens"], 4), s["seed"])
+            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **options, **rules)
             warm[0] = False
-        result = speculative(ids, s["max_new_tokens"], s["seed"] + index)
-        reference = plain(ids, s["max_new_tokens"], s["seed"] + index) if s["baseline"] else None
+        result = pair.generate(ids, seed=s["seed"] + index, **options, **rules)
+        reference = pair.baseline(ids, seed=s["seed"] + index, **options) if s["baseline"] else None
         return ev.prompt_result(set_name, index, text, result, reference)
 
     return session
+
+
+def _warn(out: Console, warnings: list[str]) -> None:
+    for warning in warnings:
+        out.print(Text(f"warning: {warning}", style="yellow"))
 
 
 def _compare(run, old, sets) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from dspark_cli.cli import render
-from dspark_cli.errors import Terminated
+from dspark_cli.errors import DsparkError, Terminated
 
 
 class ProgressWithStats(Progress):
@@ -35,12 +37,13 @@ def register(app: typer.Typer) -> None:
 def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
     if text is None:
         return None
-    from dspark_cli.errors import DsparkError
-
     try:
-        return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+        ids = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
     except ValueError:
-        raise DsparkError(f"--target-layers {text!r}: give comma-separated layer ids, e.g. 1,9,17.") from None
+        ids = ()
+    if not ids:
+        raise DsparkError(f"--target-layers {text!r}: give comma-separated layer ids, e.g. 1,9,17.")
+    return ids
 
 
 @render.handle_errors
@@ -48,16 +51,21 @@ def train(
     target: str = typer.Option(..., "--target", help="Target causal LM: a Hugging Face folder or hub id."),
     data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
-    layers: int = typer.Option(1, "--layers", help="Draft decoder layers."),
-    block_size: int = typer.Option(7, "--block-size", help="Tokens proposed per round (the anchor's slot included)."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers [default: 1; on "
+                                         "--resume: the checkpoint's]."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Tokens proposed per round (the "
+                                             "anchor's slot included) [default: 7; on --resume: the checkpoint's]."),
     target_layers: Optional[str] = typer.Option(None, "--target-layers",
                                                 help="Target layer ids feeding the draft, e.g. 1,9,17 "
                                                 "(default: evenly spaced like DeepSpec)."),
-    markov_rank: int = typer.Option(256, "--markov-rank", help="Markov head rank; 0 trains a DFlash draft."),
-    confidence: bool = typer.Option(True, "--confidence/--no-confidence", help="Train a confidence head."),
-    confidence_with_markov: bool = typer.Option(True, "--confidence-with-markov/--confidence-without-markov",
-                                                help="Feed the Markov embedding to the confidence head."),
-    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id",
+    markov_rank: Optional[int] = typer.Option(None, "--markov-rank", min=0, help="Markov head rank; 0 trains a "
+                                              "DFlash draft [default: 256; on --resume: the checkpoint's]."),
+    confidence: Optional[bool] = typer.Option(None, "--confidence/--no-confidence", help="Train a confidence head "
+                                              "[default: on; on --resume: as the checkpoint]."),
+    confidence_with_markov: Optional[bool] = typer.Option(None, "--confidence-with-markov/--confidence-without-markov",
+                                                          help="Feed the Markov embedding to the confidence head "
+                                                          "[default: on; on --resume: as the checkpoint]."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", min=0,
                                                 help="Mask token id (default: the tokenizer's, else a free id, "
                                                 "else one added to the draft's vocabulary)."),
     train_embeddings: bool = typer.Option(False, "--train-embeddings",
@@ -66,14 +74,18 @@ def train(
     train_lm_head: bool = typer.Option(False, "--train-lm-head",
                                        help="Train the draft's own copy of the target's lm_head (default: frozen, "
                                        "as DeepSpec)."),
-    steps: int = typer.Option(1000, "--steps", help="Optimizer steps."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
-    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per sequence."),
-    anchors: Optional[int] = typer.Option(None, "--anchors", help="Anchors (blocks) per sequence (default seq-len/8)."),
+    steps: int = typer.Option(1000, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per step."),
+    seq_len: int = typer.Option(512, "--seq-len", min=2, help="Tokens per sequence (more than --block-size, at "
+                                "most the target's max_position_embeddings)."),
+    anchors: Optional[int] = typer.Option(None, "--anchors", min=1, help="Anchors (blocks) per sequence (default "
+                                          "seq-len/8)."),
     lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate (AdamW, warm-up then cosine decay)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for initialisation, data windows and anchors."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**64 - 1, help="Seed for initialisation, data windows and "
+                             "anchors."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    save_every: int = typer.Option(0, "--save-every", help="Write OUT/checkpoint-N every N steps (0: only the end)."),
+    save_every: int = typer.Option(0, "--save-every", min=0, help="Write OUT/checkpoint-N every N steps (0: only "
+                                   "the end)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue from OUT/checkpoint-N."),
     chat_template: Optional[Path] = typer.Option(None, "--chat-template",
                                                  help="Jinja chat template for JSONL 'messages' records "
@@ -88,20 +100,24 @@ def train(
 
     from transformers.utils import logging as hf_logging
 
-    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError
+    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
     from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import DraftShape, TrainOptions, resolve_device
+    from dspark_cli.runtime.training import DraftShape, TrainOptions
+    from dspark_cli.runtime.training_checks import checkpoint_shape, resolve_device
     from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
-    shape = DraftShape(layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers),
-                       markov_rank=markov_rank, confidence=confidence,
-                       confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,
-                       train_embeddings=train_embeddings, train_lm_head=train_lm_head)
+    if not (math.isfinite(lr) and lr > 0):
+        raise DsparkError(f"--lr must be a finite number above 0 (got {lr}); the default is 6e-4.")
+    given = {name: value for name, value in dict(
+        layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers), markov_rank=markov_rank,
+        confidence=confidence, confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,
+    ).items() if value is not None}
+    base = checkpoint_shape(resume) if resume is not None else DraftShape()
+    shape = replace(base, **given, train_embeddings=train_embeddings, train_lm_head=train_lm_head)
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
-    _check_positive(steps=steps, batch_size=batch_size, seq_len=seq_len, layers=layers, block_size=block_size)
     if not dist_timeout > 0:
         raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = training_dist.context_from_env()
@@ -184,10 +200,3 @@ def _kept_after_interrupt(out: Path, existed: bool) -> str:
         return "nothing was written"
     return f"no checkpoint was written in {out}"
 
-
-def _check_positive(**values: int) -> None:
-    from dspark_cli.errors import DsparkError
-
-    for name, value in values.items():
-        if value < 1:
-            raise DsparkError(f"--{name.replace('_', '-')} must be at least 1 (got {value}).")

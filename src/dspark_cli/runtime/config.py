@@ -1,6 +1,6 @@
 """DraftConfig: one typed view of a draft's config.json and the order in which vLLM resolves each key.
 
-This is the only place that knows config key names and their resolution order (dspark-format.md §1.1, §2.1).
+This is the only place that knows config key names and their resolution order (docs/format.md §1.1, §2.1).
 Parsing is lenient: a missing or mistyped key becomes None here and `rules/` reports it; `require_runnable`
 turns the essentials into one clear error for commands that need a working draft.
 """
@@ -18,7 +18,7 @@ OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkM
                          "DSparkV41DraftModel"}  # fmt: skip
 DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
 
-# Checkpoint layouts (other-formats.md §5), as `DraftConfig.format`.
+# Checkpoint layouts (docs/formats-other.md §5), as `DraftConfig.format`.
 FORMAT_NAMES = {
     "deepspec": "DeepSpec (Qwen3DSparkModel)",
     "specforge": "SpecForge DSpark (DSparkDraftModel, fields under dflash_config)",
@@ -29,7 +29,7 @@ FORMAT_NAMES = {
     "deepseek-v4": "DeepSeek-V4 DSpark drafter",
     "unknown": "not a DSpark or DFlash draft",
 }
-# DSpark keys SpecForge nests under dflash_config but vLLM reads only at the top level (other-formats.md §2.5, §4).
+# Keys SpecForge nests under dflash_config but vLLM reads only at the top level (docs/formats-other.md §2.5, §4).
 SPECFORGE_HOISTED_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
 # Mask-token keys in vLLM's order (get_parallel_drafting_token_id); dflash_config first.
@@ -216,7 +216,7 @@ def resolve_block_size(raw: dict[str, Any]) -> Resolved:
 
 
 def detect_format(raw: dict[str, Any]) -> str:
-    """Which layout a config.json is in (other-formats.md §5); a key of FORMAT_NAMES."""
+    """Which layout a config.json is in (docs/formats-other.md §5); a key of FORMAT_NAMES."""
     speculators = raw.get("speculators_model_type")
     if speculators in ("dspark", "dflash"):
         return f"speculators-{speculators}"
@@ -246,7 +246,7 @@ def vllm_view(raw: dict[str, Any], fmt: str | None = None) -> dict[str, Any]:
 
 
 def _from_speculators(raw: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """vLLM's SpeculatorsConfig mapping (other-formats.md §4): transformer_layer_config plus the draft fields."""
+    """vLLM's SpeculatorsConfig mapping (docs/formats-other.md §4): transformer_layer_config plus the draft fields."""
     view = dict(_dict(raw.get("transformer_layer_config")))
     dflash: dict[str, Any] = {}
     aux = raw.get("aux_hidden_state_layer_ids")

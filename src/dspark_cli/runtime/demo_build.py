@@ -218,23 +218,18 @@ def _target_key(recipe: DemoRecipe) -> dict:
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, held_stream: TokenStream, recipe: DemoRecipe):
     """τ (committed tokens per round) of the saved pair with the real speculative loop at T = 0 and T = 1."""
-    from dspark_cli.runtime.draft import DSparkDraft
+    from dspark_cli.runtime.pair import Pair
     from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import speculative_generate
-    from dspark_cli.runtime.target import TargetModel
 
-    draft = DSparkDraft.from_checkpoint(draft_dir)
-    target = TargetModel.load(target_dir, capture_indices=draft.config.hidden_state_indices)
+    pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32")
     prompts = eval_prompts(held_stream, recipe)
-    block = draft.config.block_size.value
+    block = pair.block_size
     tau, accept_at = {}, {}
     for temperature in (0.0, 1.0):
         rounds = []
         for i, prompt in enumerate(prompts):
-            generator = torch.Generator().manual_seed(recipe.seed + i)
-            result = speculative_generate(target, draft, prompt, SamplingParams(temperature=temperature),
-                                          block_size=block, max_new_tokens=recipe.eval_new_tokens,
-                                          generator=generator)
+            result = pair.generate(prompt, max_new_tokens=recipe.eval_new_tokens, stop_ids=(),
+                                   params=SamplingParams(temperature=temperature), seed=recipe.seed + i)
             rounds.extend(result.stats.rounds)
         key = f"T={temperature:g}"
         tau[key] = round(sum(r.emitted for r in rounds) / len(rounds), 3)

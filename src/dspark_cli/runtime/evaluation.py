@@ -103,6 +103,22 @@ def _txt_prompts(text: str) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
+def encode_sets(pair, sets: list[PromptSet], chat: bool, thinking: bool | None,
+                max_new_tokens: int) -> dict[tuple[str, int], list[int]]:  # fmt: skip
+    """Token ids of every prompt, keyed (set name, index in set), with pair.encode (a pair.CheckedPair);
+    DsparkError for a prompt that encodes to nothing or does not fit the target's context with its new tokens."""
+    encoded = {}
+    for prompt_set in sets:
+        for index, text in enumerate(prompt_set.prompts):
+            ids = pair.encode(text, chat, thinking)
+            if not ids:
+                raise DsparkError(f"prompt {index + 1} of {prompt_set.path} encodes to no tokens; remove it.")
+            encoded[prompt_set.name, index] = ids
+    for prompt_set in sets:
+        pair.check_context([len(encoded[prompt_set.name, i]) for i in range(len(prompt_set.prompts))], max_new_tokens)
+    return encoded
+
+
 # --- one prompt's record and the run file -----------------------------------------------------------------------
 
 

@@ -29,7 +29,6 @@ from typing import Callable, Sequence
 
 import torch
 
-from dspark_cli.errors import DsparkError
 from dspark_cli.runtime import sampling
 from dspark_cli.runtime.markov import MarkovResult, MarkovWeights, choose_strategy, markov_walk
 from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
@@ -56,82 +55,6 @@ def max_block_size(config) -> int | None:
     if trained is None:
         return None
     return trained if config.sample_from_anchor else trained - 1
-
-
-@dataclass
-class PairCheck:
-    """What check_pair resolved before any weights are loaded."""
-
-    block_size: int  # draft tokens per round
-    trained_block_size: int | None  # the most the draft was trained for (None: its config does not say)
-    draft_topk: int | None  # candidate count of the gathered Markov strategies (None: dense)
-    warnings: list[str]  # validate's warnings, one sentence each
-
-
-def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: int | None) -> PairCheck:
-    """Pre-load checks of a draft checkpoint against its target's config.json: validate's rules (vocab,
-    hidden size, depth, tensors), then the block size and --draft-topk. DsparkError names the first problem."""
-    from dspark_cli.runtime.config import DraftConfig
-    from dspark_cli.runtime.rules import validate_checkpoint
-
-    report = validate_checkpoint(ckpt, target_config)
-    if report.errors:
-        first = report.errors[0]
-        more = f" ({len(report.errors) - 1} more problems)" if len(report.errors) > 1 else ""
-        raise DsparkError(f"{ckpt.source} cannot run with this target: {first.code} {first.message} Fix: "
-                          f"{first.hint}{more} Run `dspark validate {ckpt.source} --target ...` for every finding.")
-    config = DraftConfig.from_dict(ckpt.config)
-    trained = max_block_size(config)
-    if block_size is None:
-        if trained is None:
-            raise DsparkError(f"{ckpt.source}: config.json has no block_size; pass --block-size N.")
-        block_size = trained
-    if block_size < 1:
-        raise DsparkError(f"--block-size must be at least 1, got {block_size}.")
-    if trained is not None and block_size > trained:
-        raise DsparkError(f"--block-size {block_size} is larger than the {trained} draft tokens per round "
-                          f"{ckpt.source} was trained for; pass --block-size {trained} or less.")
-    draft_topk = config.dspark_draft_topk if draft_topk is None else draft_topk
-    vd = config.draft_vocab_size
-    if draft_topk is not None and not 1 <= draft_topk <= vd:
-        raise DsparkError(f"--draft-topk must be between 1 and the draft vocabulary size {vd}, got {draft_topk}.")
-    warnings = [f"{f.code} {f.message}" for f in report.warnings]
-    return PairCheck(block_size, trained, draft_topk, warnings)
-
-
-def context_limit(target_config: dict) -> int | None:
-    """The target's max_position_embeddings (of its text config for a multimodal model), or None."""
-    text_config = target_config.get("text_config")
-    config = text_config if isinstance(text_config, dict) else target_config
-    limit = config.get("max_position_embeddings")
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
-
-
-def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, limit: int | None, source: str) -> None:
-    """Refuse, before any weights are loaded, a prompt that cannot fit with its new tokens in the target's context
-    (prefilling it would take minutes of uninterruptible work and the positions would be meaningless)."""
-    if limit is None:
-        return
-    index, longest = max(enumerate(prompt_lengths), key=lambda item: item[1])
-    if longest + max_new_tokens > limit:
-        raise DsparkError(f"prompt {index + 1} has {longest:,} tokens, and with {max_new_tokens:,} new tokens that is "
-                          f"{longest + max_new_tokens:,} positions, more than the {limit:,} of {source}'s context "
-                          "(max_position_embeddings); shorten the prompt or ask for fewer new tokens.")
-
-
-def nonfinite_weights(module: torch.nn.Module) -> list[str]:
-    """Names of the floating-point parameters and buffers of `module` that hold NaN or inf."""
-    tensors = [*module.named_parameters(), *module.named_buffers()]
-    return [name for name, tensor in tensors if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
-
-
-def nonfinite_warning(source: str, names: list[str]) -> str | None:
-    """One sentence about a draft whose weights hold NaN or inf, or None when they are all finite."""
-    if not names:
-        return None
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"{source} has NaN or inf values in {len(names)} weight tensor(s) ({shown}): its proposals will mostly "
-            "be rejected and its confidences are meaningless (the output is still exactly the target's).")
 
 
 class DraftContext:

@@ -33,11 +33,10 @@ import torch.nn.functional as F
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.config import DraftConfig
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
 from dspark_cli.runtime.training_dist import SINGLE, DistContext
 
-TRAINER_STATE = "trainer_state.safetensors"
-TRAINER_JSON = "trainer_state.json"
 CHECKPOINT_PREFIX = "checkpoint-"
 
 
@@ -112,6 +111,8 @@ def default_target_layers(num_target_layers: int, count: int) -> list[int]:
     if count == 1:
         return [num_target_layers // 2 - (1 if num_target_layers <= 2 else 0)]
     start, end = (1, num_target_layers - 3) if num_target_layers >= 6 else (0, num_target_layers - 2)
+    if count > end - start:  # every layer in range (and no loop over a huge count)
+        return list(range(start, end + 1))
     ids = {round(start + i * (end - start) / (count - 1)) for i in range(count)}
     return sorted(ids)
 
@@ -171,17 +172,27 @@ def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: lis
 
 def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
     """A freshly initialised draft for `target`, sharing (frozen) its embedding and lm_head."""
-    target_config = target.config.to_dict()
+    config, mask = new_draft_config(target.config.to_dict(), tokenizer, shape, anchors)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    return draft, mask
+
+
+def new_draft_config(target_config: dict, tokenizer, shape: DraftShape, anchors: int) -> tuple[dict, MaskChoice]:
+    """The config.json of a new draft for a target (its config.json as a dict) and the mask token chosen."""
+    layers = draft_target_layers(target_config, shape)
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), mask
+
+
+def draft_target_layers(target_config: dict, shape: DraftShape) -> list[int]:
+    """The target layers feeding a new draft: as the shape asks, else evenly spaced; checked against the target."""
     num_layers = target_config["num_hidden_layers"]
     layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
     if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
         raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
                           f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
-    rows = target.get_input_embeddings().weight.shape[0]
-    mask = choose_mask_token(tokenizer, rows, shape.mask_token_id)
-    draft = build_draft(draft_config_dict(target_config, shape, layers, mask, anchors), target)
-    train_shared_weights(draft, shape)
-    return draft, mask
+    return layers
 
 
 def build_draft(config: dict, target) -> DSparkDraft:
@@ -460,11 +471,21 @@ class DraftTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.options)
         self.optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(terms.value):  # the whole batch's loss: every process stops at the same step
+            raise Diverged(self.step + 1, f"the loss is {terms.value}")
         (terms.loss * self.dist.world_size).backward()  # DDP averages the processes' gradients: undo the 1/world
-        torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.draft), self.options.max_grad_norm)
+        if not torch.isfinite(norm):  # gradients are all-reduced: the same on every process
+            raise Diverged(self.step + 1, f"the gradient norm is {norm.item()}")
         self.optimizer.step()
         self.step += 1
         return terms
+
+    def check_finite_weights(self) -> None:
+        """Raise Diverged when an optimizer step left a non-finite trainable weight (checked before saving)."""
+        for name, p in self.draft.named_parameters():
+            if p.requires_grad and not torch.isfinite(p).all():
+                raise Diverged(self.step, f"the weight {name} is not finite after it")
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -495,7 +516,7 @@ class DraftTrainer:
         return folder
 
     def load_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what save_checkpoint wrote, as read_trainer_state returns it (the draft must have the
+        """Restore what save_checkpoint wrote, as read_resume_point reads it (the draft must have the
         checkpoint's geometry)."""
         params = dict(self.draft.named_parameters())
         with torch.no_grad():
@@ -512,15 +533,12 @@ class DraftTrainer:
         self.step = state["step"]
 
 
-def read_trainer_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(trainer_state.json, trainer_state.safetensors tensors) of a checkpoint folder."""
-    from safetensors.torch import load_file
+class Diverged(DsparkError):
+    """Training produced a non-finite loss, gradient or weight at `step` (1-based); nothing of it is saved."""
 
-    folder = Path(folder)
-    if not (folder / TRAINER_STATE).is_file() or not (folder / TRAINER_JSON).is_file():
-        raise DsparkError(f"{folder}: no {TRAINER_STATE} / {TRAINER_JSON}; --resume takes a checkpoint folder "
-                          f"written by `dspark train` ({CHECKPOINT_PREFIX}N inside its output folder).")
-    return json.loads((folder / TRAINER_JSON).read_text()), load_file(str(folder / TRAINER_STATE))
+    def __init__(self, step: int, what: str):
+        super().__init__(f"step {step}: {what}")
+        self.step, self.what = step, what
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -535,15 +553,25 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
     options = trainer.options
     started, start_step = time.perf_counter(), trainer.step
     tokens_per_step = options.batch_size * trainer.seq_len
-    while trainer.step < options.steps:
-        terms = trainer.run_step()
-        main = trainer.dist.is_main  # many processes: only rank 0 reports and writes
-        if on_step is not None and main:
-            rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
-            on_step(StepReport(trainer.step, options.steps, terms.value, terms.ce, terms.l1, terms.confidence,
-                               terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate, terms.blocks))
-        if main and options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
-            trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
+    last_saved: Path | None = None
+    try:
+        while trainer.step < options.steps:
+            terms = trainer.run_step()
+            main = trainer.dist.is_main  # many processes: only rank 0 reports and writes
+            if on_step is not None and main:
+                rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
+                on_step(StepReport(trainer.step, options.steps, terms.value, terms.ce, terms.l1, terms.confidence,
+                                   terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate, terms.blocks))
+            if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
+                trainer.check_finite_weights()  # on every process: the weights are the same everywhere
+                if main:
+                    last_saved = trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
+        trainer.check_finite_weights()
+    except Diverged as error:
+        kept = (f"the last checkpoint written is {last_saved}: lower --lr and --resume it" if last_saved else
+                "no checkpoint was written by this run: lower --lr and start again")
+        raise DsparkError(f"training diverged at {error.message} (not finite), so no final draft was written; "
+                          f"{kept}.") from None
     return save_final(trainer.draft, out) if trainer.dist.is_main else out
 
 
@@ -585,61 +613,66 @@ class TrainingRun:
     notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DsparkError(f"--device {device}: CUDA is not available here; use --device cpu.")
-    return torch.device(device)
+def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
+    """The target's tokenizer and config.json as a dict, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
+    except (OSError, ValueError, KeyError) as error:
+        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
+                          "or hub id with its tokenizer.") from error
+    return tokenizer, config
 
 
-def load_target(path: str | Path, device: torch.device):
-    """The frozen target (bf16 on CUDA, fp32 on CPU) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_target_model(path: str | Path, device: torch.device):
+    """The frozen target (bf16 on CUDA, fp32 on CPU)."""
+    from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
         raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
                           "or hub id with its tokenizer.") from error
-    return model.to(device).eval().requires_grad_(False), tokenizer
+    return model.to(device).eval().requires_grad_(False)
 
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
                 force: bool = False, dist: DistContext = SINGLE) -> TrainingRun:
     """Load the target and data, create (or resume) the draft and its trainer; `out` is created here (by rank 0
-    alone when many processes train: the others never touch it)."""
+    alone when many processes train: the others never touch it).
+
+    Everything that can be checked without the weights (the output folder, the window, one step's memory, the
+    resume checkpoint) is checked before the target and the draft are allocated."""
+    from dspark_cli.runtime.training_checks import plan_draft, read_resume_point, resolve_device, restore_trainer
     from dspark_cli.runtime.training_data import load_token_stream
     from dspark_cli.runtime.training_output import check_output, create_output
 
     torch_device = dist.device(resolve_device(device))
     out = Path(out)
     claim = check_output(out, target_path, data, resume, chat_template, force) if dist.is_main else None
-    target, tokenizer = load_target(target_path, torch_device)
+    tokenizer, target_config = load_tokenizer_and_config(target_path)
     stream = load_token_stream(data, tokenizer, chat_template)
-    torch.manual_seed(options.seed)
     seq_len = min(options.seq_len, stream.max_window)
-    notes = []
-    if resume is None:
-        draft, mask = new_draft(target, tokenizer, shape, options.anchors_per_sequence(seq_len))
-        notes.append(mask.note)
-    else:
-        state, tensors = read_trainer_state(resume)
-        draft = build_draft(json.loads((Path(resume) / "config.json").read_text()), target)
-        train_shared_weights(draft, shape)
-        saved = {name.removeprefix("draft.") for name in tensors if name.startswith("draft.")}
+    point = read_resume_point(resume) if resume is not None else None
+    config, notes = plan_draft(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
+    target = load_target_model(target_path, torch_device)
+    torch.manual_seed(options.seed)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    if point is not None:
+        saved = {name.removeprefix("draft.") for name in point.tensors if name.startswith("draft.")}
         if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:
             raise DsparkError(f"--resume {resume}: the checkpoint was trained with other --train-embeddings / "
                               "--train-lm-head flags than this run's; resume with the same flags.")
-        notes.append(f"resuming {resume} at step {state['step']} (draft geometry from its config.json)")
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)
-    if resume is not None:
-        trainer.load_state(state, tensors)
+    if point is not None:
+        restore_trainer(trainer, point)
     if dist.is_main:
         create_output(out, claim)
     return TrainingRun(trainer, out, notes)

@@ -44,7 +44,8 @@ def collect_files(paths: Iterable[Path]) -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise DsparkError(f"{path}: no such file or folder; pass text files, JSONL files or folders with --data.")
+            what = "not a regular file or folder" if path.exists() else "no such file or folder"
+            raise DsparkError(f"{path}: {what}; pass text files, JSONL files or folders with --data.")
     return files
 
 
@@ -55,26 +56,37 @@ def read_documents(files: Iterable[Path]) -> list[Document]:
         if path.suffix in JSONL_SUFFIXES:
             documents.extend(_read_jsonl(path))
         else:
-            documents.append(Document(str(path), text=path.read_text(encoding="utf-8", errors="replace")))
+            documents.append(Document(str(path), text=_read_text(path)))
     if not documents:
         raise DsparkError("the training data holds no documents; check the --data paths.")
     return documents
 
 
+def _read_text(path: Path) -> str:
+    """A text file (undecodable bytes replaced); a file with NUL bytes is binary and refused."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        raise DsparkError(f"{path} is a binary file (it contains NUL bytes); --data takes text, JSONL or folders.")
+    return data.decode("utf-8", errors="replace")
+
+
 def _read_jsonl(path: Path) -> list[Document]:
     documents = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            record = parse_json_text(line, where, "each line must be one JSON object")
-            if isinstance(record, dict) and isinstance(record.get("text"), str):
-                documents.append(Document(where, text=record["text"]))
-            elif isinstance(record, dict) and isinstance(record.get("messages"), list):
-                documents.append(Document(where, messages=record["messages"]))
-            else:
-                raise DsparkError(f"{where}: a JSONL record needs a string 'text' or a list 'messages'.")
+    for line_no, raw in enumerate(path.read_bytes().splitlines(), 1):
+        where = f"{path}:{line_no}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DsparkError(f"{where}: not UTF-8 text; JSONL files must be UTF-8.") from None
+        if not line.strip():
+            continue
+        record = parse_json_text(line, where, "each line must be one JSON object")
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            documents.append(Document(where, text=record["text"]))
+        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+            documents.append(Document(where, messages=record["messages"]))
+        else:
+            raise DsparkError(f"{where}: a JSONL record needs a string 'text' or a list 'messages'.")
     return documents
 
 
@@ -159,11 +171,30 @@ class SequenceBank:
         return self.rows[picked, :seq_len]
 
 
+MAX_TEMPLATE_BYTES = 1 << 20  # chat templates are a few kB
+
+
+def read_chat_template(path: Path) -> str:
+    """A Jinja chat template file: a regular UTF-8 text file of at most 1 MiB, or one sentence."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise DsparkError(f"--chat-template {path} {what}; pass a Jinja template file.")
+    if path.stat().st_size > MAX_TEMPLATE_BYTES:
+        raise DsparkError(f"--chat-template {path} is {path.stat().st_size:,} bytes, more than a chat template's "
+                          f"{MAX_TEMPLATE_BYTES:,}; pass a Jinja template file.")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise DsparkError(f"--chat-template {path} is not UTF-8 text (a binary file?); pass a Jinja template "
+                          "file.") from None
+
+
 def load_token_stream(paths: Iterable[Path], tokenizer, chat_template_file: Path | None = None) -> TokenStream:
     """Files or folders -> one packed token stream in the tokenizer's ids."""
     template = None
     if chat_template_file is not None:
-        template = Path(chat_template_file).read_text(encoding="utf-8")
+        template = read_chat_template(chat_template_file)
     documents = read_documents(collect_files(paths))
     texts = render_documents(documents, tokenizer, template)
     return TokenStream(tokenize_stream(texts, tokenizer, tokenizer.eos_token_id))
