@@ -203,7 +203,7 @@ def round_costs(
         target.crop(context_length)
 
     def verify():
-        target.verify(block_ids)
+        target.score(block_ids)
         target.crop(context_length)
 
     def draft_round():

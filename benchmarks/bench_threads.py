@@ -57,7 +57,7 @@ def main() -> None:
             target.crop(CONTEXT)
 
         def verify(target=target, ids=ids):
-            target.verify(ids[CONTEXT : CONTEXT + 8])
+            target.score(ids[CONTEXT : CONTEXT + 8])
             target.crop(CONTEXT)
 
         for threads in thread_counts:

@@ -15,7 +15,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime import evaluation as ev
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair
 from dspark_cli.runtime.metrics import RoundRecord
-from dspark_cli.runtime.speculative import verified_length
+from dspark_cli.runtime.speculative import scored_length
 
 runner = CliRunner()
 
@@ -146,9 +146,9 @@ def test_set_statistics_counts_the_extra_round_and_both_calibrations():
 
 def test_confidence_rules_cut_where_documented():
     confidences = torch.tensor([0.9, 0.8, 0.9, 0.9])
-    assert verified_length(confidences, 0.7, "survival") == 2  # 0.9, 0.72, 0.648
-    assert verified_length(confidences, 0.7, "per-slot") == 4  # no slot below 0.7
-    assert verified_length(torch.tensor([0.9, 0.5, 0.95]), 0.6, "per-slot") == 1
+    assert scored_length(confidences, 0.7, "survival") == 2  # 0.9, 0.72, 0.648
+    assert scored_length(confidences, 0.7, "per-slot") == 4  # no slot below 0.7
+    assert scored_length(torch.tensor([0.9, 0.5, 0.95]), 0.6, "per-slot") == 1
 
 
 # --- the runtime on the demo pair: length rule and seeds --------------------------------------------------------

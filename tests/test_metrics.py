@@ -223,11 +223,12 @@ def test_baseline_without_time_gives_no_speedup():
 
 
 def test_round_breakdown():
-    rounds = [
-        RoundRecord(2, 1, 2, draft_backbone=0.002, markov=0.001, verify=0.006, other=0.001),
-        RoundRecord(2, 2, 3, draft_backbone=0.004, markov=0.003, verify=0.010, other=0.003),
+    rounds = [RoundRecord(2, 1, 2), RoundRecord(2, 2, 3)]
+    sections = [  # ms per loop step; verify = score + accept, other = commit + advance
+        {"draft": 2.0, "markov": 1.0, "score": 5.0, "accept": 1.0, "commit": 1.0},
+        {"draft": 4.0, "markov": 3.0, "score": 9.0, "accept": 1.0, "commit": 1.0, "advance": 2.0},
     ]
-    breakdown = summarize([GenerationStats(5, 6, 0.1, 0.2, rounds)], None, 2).round_breakdown
+    breakdown = summarize([GenerationStats(5, 6, 0.1, 0.2, rounds, sections)], None, 2).round_breakdown
     assert breakdown.draft_backbone_ms == approx(3.0)
     assert breakdown.markov_ms == approx(2.0)
     assert breakdown.verify_ms == approx(8.0)

@@ -1,6 +1,6 @@
 """Sampling, top-k/top-p processing and lossless verification (runtime/sampling.py).
 
-The statistical tests run the real `verify_batch` (which `verify` wraps) on N = 200,000 independent
+The statistical tests run the real `accept_batch` (which `accept` wraps) on N = 200,000 independent
 sequences at once and compare the emitted tokens with the exact target distribution by a Pearson
 chi-square test at a false-alarm rate of 1e-6 (`assert_distribution`). Power: an emitted
 distribution at total-variation distance >= 0.02 from the target (a "2% bias", however it is spread
@@ -19,10 +19,11 @@ from dspark_cli.runtime.sampling import (
     gumbel_argmax,
     gumbel_noise,
     processed_logits,
+    accept,
+    accept_batch,
+    accept_greedy,
     sample,
     target_probs,
-    verify,
-    verify_batch,
 )
 
 N = 200_000
@@ -210,22 +211,28 @@ GREEDY_TARGET = one_hot_rows(1, 2, 3, 4)  # target argmax per row: 1, 2, 3, bonu
 def test_greedy_verify(draft, expected):
     generator = torch.Generator().manual_seed(0)
     state = generator.get_state()
-    assert verify(torch.tensor(draft), None, GREEDY_TARGET, generator) == expected
+    assert accept(torch.tensor(draft), None, GREEDY_TARGET, generator) == expected
     assert torch.equal(generator.get_state(), state), "greedy verification must not draw random numbers"
+    assert accept_greedy(draft, GREEDY_TARGET.argmax(-1).tolist()) == expected  # ids only: the loop's greedy path
+
+
+def test_accept_greedy_rejects_a_wrong_row_count():
+    with pytest.raises(ValueError, match="target argmax"):
+        accept_greedy([1, 2], [1, 2])
 
 
 def test_greedy_verify_ignores_draft_probs():
     draft_probs = torch.full((3, V), 1.0 / V)
-    assert verify(torch.tensor([1, 0, 3]), draft_probs, GREEDY_TARGET, None) == (1, 2)
+    assert accept(torch.tensor([1, 0, 3]), draft_probs, GREEDY_TARGET, None) == (1, 2)
 
 
 def test_greedy_verify_k0_is_a_plain_target_step():
-    assert verify(torch.zeros(0, dtype=torch.long), None, one_hot_rows(5), None) == (0, 5)
+    assert accept(torch.zeros(0, dtype=torch.long), None, one_hot_rows(5), None) == (0, 5)
 
 
 def test_k0_sampled_step_follows_target():
     p = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
-    accepted, tokens = verify_batch(
+    accepted, tokens = accept_batch(
         torch.zeros(N, 0, dtype=torch.long), None, p.expand(N, 1, V), torch.Generator().manual_seed(5)
     )
     assert accepted.eq(0).all()
@@ -234,9 +241,9 @@ def test_k0_sampled_step_follows_target():
 
 def test_verify_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="target_probs"):
-        verify(torch.tensor([1, 2]), None, GREEDY_TARGET, None)
+        accept(torch.tensor([1, 2]), None, GREEDY_TARGET, None)
     with pytest.raises(ValueError, match="draft_probs"):
-        verify(torch.tensor([1, 2, 3]), torch.full((2, V), 1.0 / V), GREEDY_TARGET, None)
+        accept(torch.tensor([1, 2, 3]), torch.full((2, V), 1.0 / V), GREEDY_TARGET, None)
 
 
 def test_verify_equals_verify_batch_of_one():
@@ -244,8 +251,8 @@ def test_verify_equals_verify_batch_of_one():
     q = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.0, 0.1, 0.9, 0.0]])
     draft = torch.tensor([1, 2])
     for seed in range(20):
-        single = verify(draft, q, p, torch.Generator().manual_seed(seed))
-        accepted, token = verify_batch(draft[None], q[None], p[None], torch.Generator().manual_seed(seed))
+        single = accept(draft, q, p, torch.Generator().manual_seed(seed))
+        accepted, token = accept_batch(draft[None], q[None], p[None], torch.Generator().manual_seed(seed))
         assert single == (int(accepted), int(token))
 
 
@@ -275,7 +282,7 @@ def test_first_emitted_token_follows_target(name, greedy_draft):
     draft_probs = None if greedy_draft else q.expand(N, 1, vocab)
     bonus_row = torch.full((vocab,), 1.0 / vocab)  # any distribution: only emitted after acceptance
     target = torch.stack([p, bonus_row]).expand(N, 2, vocab)
-    accepted, next_token = verify_batch(draft, draft_probs, target, generator)
+    accepted, next_token = accept_batch(draft, draft_probs, target, generator)
 
     first = torch.where(accepted == 1, draft[:, 0], next_token)
     assert_distribution(histogram(first, vocab), p)
@@ -313,7 +320,7 @@ def test_multi_token_joint_follows_target(greedy_draft):
             draft_probs = torch.stack([Q_CHAIN[last], Q_CHAIN[d1]], 1)  # [N, 2, V]
         draft = torch.stack([d1, d2], 1)  # [N, 2]
         target = torch.stack([P_CHAIN[last], P_CHAIN[d1], P_CHAIN[d2]], 1)  # [N, 3, V]
-        accepted, next_token = verify_batch(draft, draft_probs, target, generator)
+        accepted, next_token = accept_batch(draft, draft_probs, target, generator)
 
         emitted = torch.cat([draft, next_token[:, None]], 1)  # [N, 3]
         emitted[rows, accepted] = next_token

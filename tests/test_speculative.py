@@ -6,6 +6,8 @@ so rounds accept 0..block_size tokens and both the accept and the reject paths r
 bf16 (DeepSpec's format) unless named fp32, and loaded in float32.
 """
 
+import time
+
 import pytest
 import torch
 from ckpt_factory import DraftSpec, write_draft
@@ -16,14 +18,18 @@ from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import (
     DraftContext,
     Drafter,
+    accept_block,
     autoregressive_generate,
+    check_lengths,
     draft_block,
     max_block_size,
     prefill,
+    score_block,
+    scored_length,
     speculative_generate,
-    verify_block,
 )
 from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.timing import SectionTimer
 
 PROMPTS = ([5, 17, 33, 2, 99], [7, 8, 9, 10])
 MAX_NEW = 40
@@ -206,7 +212,8 @@ def test_incremental_context_equals_a_full_recompute(target, drafts):
     accepted_counts = []
     for _ in range(6):
         proposal = draft_block(drafter, context, anchor, 4, None)
-        accepted, anchor, features = verify_block(target, sequence[-1], proposal, 4, GREEDY, None)
+        logits, features = score_block(target, sequence[-1], proposal, 4)
+        accepted, anchor = accept_block(proposal, proposal.tokens.tolist(), logits, GREEDY, None)
         target.crop(context.length + accepted + 1)
         context.append(draft, features[: accepted + 1])
         sequence += proposal.tokens[:accepted].tolist() + [anchor]
@@ -256,3 +263,47 @@ def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference
     result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
                                   stop_ids=[stop])  # fmt: skip
     assert result.tokens == expected[: expected.index(stop) + 1] and result.finished_by_stop
+
+
+def test_each_round_is_timed_by_step_and_the_cache_lengths_are_checked(target, drafts):
+    """One SectionTimer record per round with every step of the loop; check_lengths refuses a target cache
+    that holds more positions than the draft context (a wrong crop would break the next round)."""
+    result = speculative_generate(target, drafts["fp32"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=20)
+    sections = result.stats.sections
+    assert len(sections) == len(result.stats.rounds) > 1
+    steps = {"draft", "markov", "score", "accept", "commit"}
+    assert all(steps <= set(r) <= steps | {"advance"} for r in sections) and "advance" in sections[0]
+    assert all(ms >= 0.0 for r in sections for ms in r.values())
+
+    anchor, context = prefill(target, drafts["fp32"], torch.tensor(PROMPTS[0]), GREEDY, None, capacity=8)
+    check_lengths(target, context)  # equal after prefill
+    target.score(torch.tensor([anchor]))  # the target cache grows by one, the context does not
+    with pytest.raises(AssertionError, match="target cache holds 6 positions, draft context 5"):
+        check_lengths(target, context)
+
+
+def test_section_timer_adds_up_per_round():
+    timer = SectionTimer(torch.device("cpu"))
+    for _ in range(2):
+        timer.start_round()
+        for name in ("a", "b", "a"):
+            with timer.section(name):
+                time.sleep(0.002)
+    assert [set(r) for r in timer.rounds] == [{"a", "b"}, {"a", "b"}]
+    assert all(r["a"] >= 4.0 and 2.0 <= r["b"] < r["a"] + 2.0 for r in timer.rounds)  # ms; "a" ran twice
+
+
+def test_scored_length_matches_float64_survival_and_keeps_ties():
+    """The host-side rule (on the confidences the round copies anyway) equals the float64 cumulative product on
+    the tensor; a survival or a slot exactly at the threshold is scored (>=)."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        confidences = torch.rand(8, generator=generator) ** 0.3  # [N] fp32, mostly high
+        threshold = float(torch.rand(1, generator=generator))
+        survival = torch.cumprod(confidences.double(), dim=0)
+        assert scored_length(confidences.tolist(), threshold) == int((survival >= threshold).sum())
+        below = (confidences < threshold).nonzero()
+        per_slot = int(below[0, 0]) if below.numel() else 8
+        assert scored_length(confidences, threshold, "per-slot") == per_slot
+    assert scored_length([1.0, 0.5, 0.25], 0.5) == 2
+    assert scored_length([0.5, 0.4], 0.5, "per-slot") == 1

@@ -58,7 +58,7 @@ def test_verify_and_crop_equal_a_full_recompute(target_dir, kwarg):
         pytest.skip("this transformers version (< 5.24) has no `cache` kwarg")
     target.cache_kwarg = kwarg  # 5.24 accepts both (past_key_values deprecated); 5.17/5.18 only past_key_values
     target.prefill(torch.tensor(PROMPT))
-    logits, features = target.verify(torch.tensor(BLOCK))
+    logits, features = target.score(torch.tensor(BLOCK))
     full_logits, hidden = full_forward(target, PROMPT + BLOCK)
     torch.testing.assert_close(logits, full_logits[len(PROMPT) :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(features, torch.cat([hidden[1], hidden[3]], -1)[len(PROMPT) :], rtol=1e-5, atol=1e-5)
@@ -66,7 +66,7 @@ def test_verify_and_crop_equal_a_full_recompute(target_dir, kwarg):
     keep = len(PROMPT) + 2  # accept two block tokens, then continue with a different one
     target.crop(keep)
     assert target.cache_length == keep
-    logits, _ = target.verify(torch.tensor([77, 78]))
+    logits, _ = target.score(torch.tensor([77, 78]))
     sequence = PROMPT + BLOCK[:2] + [77, 78]
     full_logits, _ = full_forward(target, sequence)
     torch.testing.assert_close(logits, full_logits[keep:], rtol=1e-5, atol=1e-5)

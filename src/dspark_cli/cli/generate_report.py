@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -84,10 +84,11 @@ class Stream:
 def json_document(settings: Settings, summary: "Summary", runs: list[PromptRun], stats: list) -> dict[str, Any]:
     """Every number of the run for --json: settings, summary, τ's interval, per prompt, and every round."""
     from dspark_cli.runtime.evaluation import stats_tau_interval
+    from dspark_cli.runtime.metrics import round_dicts
 
     tau = stats_tau_interval(stats)
     return {"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
-            "prompts": [run.to_dict() for run in runs], "rounds": [[asdict(r) for r in s.rounds] for s in stats]}
+            "prompts": [run.to_dict() for run in runs], "rounds": [round_dicts(s) for s in stats]}
 
 
 def print_report(out: Console, settings: Settings, summary: "Summary", runs: list[PromptRun], baseline: bool,
@@ -110,7 +111,7 @@ def print_report(out: Console, settings: Settings, summary: "Summary", runs: lis
             out.print(Text(f"greedy output identical to plain decoding on all {len(runs)} prompts", style="green"))
         else:
             where = ", ".join(f"prompt {i + 1} at token {j}" for i, j in diverged)
-            out.print(Text(f"greedy output differs from plain decoding: {where}. In {settings.dtype} a block verify "
+            out.print(Text(f"greedy output differs from plain decoding: {where}. In {settings.dtype} a block score "
                            "and one-token decoding round differently, so logit near-ties can flip; float32 is "
                            "token-identical (docs/generate.md).", style="yellow"))
 
@@ -168,8 +169,8 @@ def _metrics_table(summary: "Summary") -> Table:
     rows = [
         ("τ (incl. bonus)", _number(summary.tau), "tokens per round (target forward)"),
         ("target forwards / token", _number(summary.target_forwards_per_token, 3), "1 / τ"),
-        ("mean verified", _number(summary.mean_proposed), f"of {summary.block_size} drafted per round"),
-        ("draft acceptance rate", _percent(summary.draft_acceptance_rate), "accepted / verified draft tokens"),
+        ("mean scored", _number(summary.mean_proposed), f"of {summary.block_size} drafted per round"),
+        ("draft acceptance rate", _percent(summary.draft_acceptance_rate), "accepted / scored draft tokens"),
         ("prompts / rounds / new tokens", f"{summary.prompts} / {summary.rounds} / {summary.new_tokens}", ""),
         ("TTFT", _ms(summary.ttft_ms), "prefill + first token"),
         ("time per output token", _ms(summary.tpot_ms), "after the first token"),
@@ -180,8 +181,8 @@ def _metrics_table(summary: "Summary") -> Table:
         for name, ms, share in (
             ("draft backbone", breakdown.draft_backbone_ms, breakdown.draft_backbone_share),
             ("Markov stage", breakdown.markov_ms, breakdown.markov_share),
-            ("verify", breakdown.verify_ms, breakdown.verify_share),
-            ("other", breakdown.other_ms, breakdown.other_share),
+            ("verify (score + accept)", breakdown.verify_ms, breakdown.verify_share),
+            ("other (commit + advance)", breakdown.other_ms, breakdown.other_share),
         ):
             rows.append((f"  {name}", _ms(ms), f"per round, {_percent(share).strip()}"))
     if summary.baseline is not None:

@@ -23,7 +23,15 @@ from typing import Callable
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.metrics import Calibration, GenerationStats, RoundRecord, summarize
+from dspark_cli.runtime.metrics import (
+    STAGE_SECTIONS,
+    Calibration,
+    GenerationStats,
+    RoundRecord,
+    round_dicts,
+    stage_sections,
+    summarize,
+)
 
 SHIPPED_SETS = (DEMO_DIR / "eval_code.jsonl", DEMO_DIR / "eval_prose.jsonl")
 RUN_FORMAT = "dspark-eval/1"
@@ -116,7 +124,8 @@ def encode_sets(pair, sets: list[PromptSet], chat: bool, thinking: bool | None,
 
 @dataclass
 class PromptResult:
-    """What one prompt produced: enough to recompute every figure (the rounds are RoundRecord fields)."""
+    """What one prompt produced: enough to recompute every figure (the rounds are RoundRecord fields plus the
+    round's four stages in seconds, metrics.stage_seconds)."""
 
     set_name: str
     index: int  # within its set; the prompt drew with seed + index
@@ -131,8 +140,9 @@ class PromptResult:
     baseline: dict | None = None  # {"new_tokens", "ttft_s", "total_s", "tokens"} of plain decoding
 
     def stats(self) -> GenerationStats:
-        return GenerationStats(self.prompt_tokens, self.new_tokens, self.ttft_s, self.total_s,
-                               [RoundRecord(**r) for r in self.rounds])  # fmt: skip
+        records = [RoundRecord(**{k: v for k, v in r.items() if k not in STAGE_SECTIONS}) for r in self.rounds]
+        sections = [stage_sections(r) for r in self.rounds]
+        return GenerationStats(self.prompt_tokens, self.new_tokens, self.ttft_s, self.total_s, records, sections)
 
     def baseline_stats(self) -> GenerationStats | None:
         if self.baseline is None:
@@ -149,7 +159,7 @@ def prompt_result(set_name: str, index: int, prompt: str, result, baseline=None)
         plain = {"new_tokens": baseline.stats.new_tokens, "ttft_s": baseline.stats.ttft_s,
                  "total_s": baseline.stats.total_s, "tokens": baseline.tokens}  # fmt: skip
     return PromptResult(set_name, index, prompt, stats.prompt_tokens, stats.new_tokens, stats.ttft_s, stats.total_s,
-                        [asdict(r) for r in stats.rounds], list(result.tokens), result.finished_by_stop, plain)
+                        round_dicts(stats), list(result.tokens), result.finished_by_stop, plain)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Speculative decoding statistics: what each round did, and the figures computed from them.
 
-The speculative loop appends one `RoundRecord` per verification round to the prompt's
-`GenerationStats`; `summarize` turns a run's stats into a `Summary` (plain numbers, lists and
+The speculative loop gives one `RoundRecord` per round (draft, score, accept, commit) and its
+section timer's milliseconds per step and round to the prompt's `GenerationStats`; `summarize` turns a run's stats into a `Summary` (plain numbers, lists and
 None, JSON-serialisable through `Summary.to_dict()`). docs/metrics.md defines every figure; the
 definitions follow DeepSpec's evaluator (τ, accept_rate@j) and the DSpark paper (conditional
 acceptance, confidence calibration). Positions j are 0-based: j = 0 is the first draft token
@@ -19,9 +19,9 @@ ECE_BINS = 20
 
 @dataclass
 class RoundRecord:
-    """One draft-and-verify round of one sequence.
+    """One round of one sequence (its timings are in GenerationStats.sections).
 
-    proposed: draft tokens offered to verification (k; may be < drafted after a confidence cut, or
+    proposed: draft tokens the target scored (n_scored; may be < drafted after a confidence cut, or
         the stop token's index + 1 when an accepted draft token is a stop token).
     accepted: draft tokens accepted, 0..proposed.
     emitted: tokens the round commits: accepted + 1 (correction or bonus), or accepted when the
@@ -29,9 +29,6 @@ class RoundRecord:
         trimmed to the length limit.
     drafted: positions the draft produced (block size); None means equal to proposed.
     confidences: per-slot confidence c_j in [0, 1] for each drafted position, or None.
-    draft_backbone, markov, verify, other: wall-clock seconds spent in this round on the draft's
-        parallel pass, the Markov stage (sequential walk), the target's verify forward plus
-        acceptance, and everything else (bookkeeping: cache crops, context update, streaming).
     """
 
     proposed: int
@@ -39,10 +36,6 @@ class RoundRecord:
     emitted: int
     drafted: int | None = None
     confidences: list[float] | None = None
-    draft_backbone: float = 0.0
-    markov: float = 0.0
-    verify: float = 0.0
-    other: float = 0.0
 
     def __post_init__(self) -> None:
         if self.drafted is None:
@@ -71,6 +64,10 @@ class GenerationStats:
 
     new_tokens counts generated tokens after trimming, the first token (sampled from the prefill
     logits, in no round) included. ttft_s: until that first token; total_s: until the last one.
+    sections: per round, wall-clock ms per step of the loop (runtime/timing.SectionTimer): draft (the
+    draft's parallel pass), markov (Markov walk, confidence head, q), score (the target forward over the
+    block), accept (the accept/reject decision), commit (output, streaming), advance (target cache crop and
+    draft context append; absent in the last round).
     """
 
     prompt_tokens: int
@@ -78,6 +75,7 @@ class GenerationStats:
     ttft_s: float
     total_s: float
     rounds: list[RoundRecord] = field(default_factory=list)
+    sections: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -108,7 +106,8 @@ class ConfidenceCalibration:
 
 @dataclass
 class RoundBreakdown:
-    """Mean milliseconds per round of each stage, and each stage's share of their sum."""
+    """Mean milliseconds per round of each stage, and each stage's share of their sum: draft_backbone = the
+    draft section, markov = markov, verify = score + accept, other = commit (see GenerationStats.sections)."""
 
     draft_backbone_ms: float
     markov_ms: float
@@ -249,13 +248,31 @@ def _confidence_calibration(rounds: list[RoundRecord], block_size: int) -> Confi
     )
 
 
-def _round_breakdown(rounds: list[RoundRecord]) -> RoundBreakdown | None:
-    if not rounds:
+# The report's four round stages, each the sum of these loop sections (GenerationStats.sections).
+STAGE_SECTIONS = {"draft_backbone": ("draft",), "markov": ("markov",), "verify": ("score", "accept"),
+                  "other": ("commit", "advance")}  # fmt: skip
+
+
+def stage_seconds(sections: dict[str, float]) -> dict[str, float]:
+    """One round's sections (ms) -> its four stages in seconds (the keys of an eval run file's rounds)."""
+    return {stage: sum(sections.get(name, 0.0) for name in names) / 1000.0 for stage, names in STAGE_SECTIONS.items()}
+
+
+def stage_sections(stages: dict[str, float]) -> dict[str, float]:
+    """The inverse of stage_seconds (a two-section stage is given to its first section): seconds -> ms."""
+    return {names[0]: 1000.0 * stages[stage] for stage, names in STAGE_SECTIONS.items() if stage in stages}
+
+
+def round_dicts(stats: GenerationStats) -> list[dict]:
+    """The rounds of one prompt as JSON objects: RoundRecord's fields plus its four stages in seconds."""
+    return [asdict(r) | stage_seconds(t) for r, t in zip(stats.rounds, stats.sections, strict=True)]
+
+
+def _round_breakdown(sections: list[dict[str, float]]) -> RoundBreakdown | None:
+    if not sections:
         return None
-    stages = [
-        1000.0 * sum(getattr(r, name) for r in rounds) / len(rounds)
-        for name in ("draft_backbone", "markov", "verify", "other")
-    ]
+    per_round = [stage_seconds(r) for r in sections]
+    stages = [1000.0 * sum(r[stage] for r in per_round) / len(per_round) for stage in STAGE_SECTIONS]
     total = sum(stages)
     shares = [_ratio(stage, total) for stage in stages]
     return RoundBreakdown(*stages, total, *shares)
@@ -314,6 +331,6 @@ def summarize(
         ttft_ms=ttft_ms,
         tpot_ms=tpot_ms,
         tokens_per_s=tokens_per_s,
-        round_breakdown=_round_breakdown(rounds),
+        round_breakdown=_round_breakdown([r for s in stats for r in s.sections]),
         baseline=comparison,
     )

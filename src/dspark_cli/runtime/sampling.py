@@ -1,15 +1,15 @@
-"""Token sampling and lossless speculative verification.
+"""Token sampling and the lossless accept/reject decision of speculative decoding.
 
 Everything here works on probabilities over the full vocabulary, in float32, one sequence at a
-time (`verify`) or a batch of independent sequences (`verify_batch`, same math). Every random
+time (`accept`) or a batch of independent sequences (`accept_batch`, same math). Every random
 draw takes an explicit `torch.Generator` so that a run is reproducible from its seed.
 
-Verification is Leviathan et al. (2023) rejection sampling: with draft tokens d_i ~ q_i, accept
+Accepting is Leviathan et al. (2023) rejection sampling: with draft tokens d_i ~ q_i, accept
 d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit a token from
 normalize(max(p_i - q_i, 0)); if every draft token is accepted, emit a bonus token from p_k.
 The emitted tokens are then distributed exactly as if sampled from the target one by one.
 When every target row is one-hot (temperature 0), this reduces to exact greedy matching, which
-`verify_batch` runs directly without drawing random numbers.
+`accept_batch` runs directly without drawing random numbers, and `accept_greedy` runs on token ids alone.
 """
 
 from __future__ import annotations
@@ -118,20 +118,20 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, noise: torch.Tensor)
     return (logits.float() / temperature + noise).argmax(-1)
 
 
-def verify(
+def accept(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
-    """Verify one sequence's draft: [k] int64 tokens, [k, V] fp32 draft probs (None = greedy draft,
+    """Accept a prefix of one sequence's draft: [k] int64 tokens, [k, V] fp32 draft probs (None = greedy draft,
     q one-hot), [k + 1, V] fp32 target probs (row i scores draft i; row k is the bonus row).
 
     Returns (num_accepted in 0..k, next_token): the round commits draft_tokens[:num_accepted] and
     then next_token (the correction after a rejection, or the bonus). k may be 0: a plain target step.
     All tensors and the generator live on one device.
     """
-    accepted, next_token = verify_batch(
+    accepted, next_token = accept_batch(
         draft_tokens[None],
         None if draft_probs is None else draft_probs[None],
         target_probs[None],
@@ -140,13 +140,24 @@ def verify(
     return int(accepted[0]), int(next_token[0])
 
 
-def verify_batch(
+def accept_greedy(draft_tokens: list[int], target_argmax: list[int]) -> tuple[int, int]:
+    """`accept` at temperature 0 on token ids: k draft ids, the target's k + 1 argmax ids (row k is the bonus
+    row). Accepts while they match; the next token is the target's argmax after the accepted prefix."""
+    if len(target_argmax) != len(draft_tokens) + 1:
+        raise ValueError(f"need k + 1 = {len(draft_tokens) + 1} target argmax ids, got {len(target_argmax)}")
+    accepted = 0
+    while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
+        accepted += 1
+    return accepted, target_argmax[accepted]
+
+
+def accept_batch(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify` for B independent sequences: [B, k], [B, k, V] | None, [B, k + 1, V] -> ([B], [B]) int64.
+    """`accept` for B independent sequences: [B, k], [B, k, V] | None, [B, k + 1, V] -> ([B], [B]) int64.
 
     Greedy matching when every target row is one-hot; otherwise rejection sampling, drawing one
     uniform per draft slot ([B, k]) and then one multinomial for the next token.
@@ -163,7 +174,7 @@ def verify_batch(
         matches = draft_tokens == target_argmax[:, :k]  # [B, k]
         num_accepted = matches.long().cumprod(-1).sum(-1)  # [B]
         return num_accepted, target_argmax[rows, num_accepted]
-    if k == 0:  # nothing to verify: one plain target step
+    if k == 0:  # nothing to accept: one plain target step
         return torch.zeros(batch, dtype=torch.long, device=draft_tokens.device), sample(target_probs[:, 0], generator)
 
     p_of_draft = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]

@@ -1,36 +1,39 @@
-"""The speculative decoding loop: prefill -> draft a block -> verify -> accept -> repeat (batch 1).
+"""The speculative decoding loop (batch 1): prefill, then rounds of draft -> score -> accept -> commit -> advance.
 
     result = speculative_generate(target, draft, prompt_ids, SamplingParams(), block_size=7, max_new_tokens=128)
     result.tokens, result.stats      # new token ids; metrics.GenerationStats with one RoundRecord per round
 
-A round (anchor a = the last committed token, at position p = the target cache length = the number
-of positions in the draft's context):
-  1. draft backbone: one parallel pass over the query block, attending to the cached context K/V
-     (sample_from_anchor: N queries [a, mask*(N-1)] at p..p+N-1, slot j predicts p+j+1;
-     otherwise the DFlash layout: N+1 queries [a, mask*N] at p..p+N, slot j>0 predicts p+j);
-  2. Markov stage (runtime/markov.py): N sequential steps -> draft tokens d_1..d_N, their draft
-     distribution q, and the confidence head's c_i (survival s_i = c_1 * ... * c_i);
-  3. verify: the target scores [a, d_1..d_k] in one forward (k = N, or the number of positions whose
-     survival >= --confidence-threshold); sampling.verify accepts a prefix (exact match at T = 0,
-     rejection sampling with q at T > 0) and emits one more token (correction or bonus);
-  4. bookkeeping: crop the target cache to p + accepted + 1; append the draft context K/V of the
-     anchor and the accepted tokens (their target features come from the verify pass), so the
-     draft's per-round context work is proportional to the new tokens. Query-block K/V are never kept.
-Stop tokens follow DeepSpec's evaluator; so does the length limit with length_rule="deepspec" (docs/eval.md).
+A round (anchor a = the last committed token, at position p; invariant, checked each round by check_lengths:
+target cache length == draft context length == p, the committed positions before the anchor):
+  draft    draft_backbone: one parallel pass over the query block, attending to the cached context K/V
+           (sample_from_anchor: N queries [a, mask*(N-1)] at p..p+N-1, slot j predicts p+j+1; otherwise the
+           DFlash layout: N+1 queries [a, mask*N] at p..p+N, slot j>0 predicts p+j); then markov_stage
+           (runtime/markov.py): N sequential steps -> draft tokens d_1..d_N, their distribution q, and the
+           confidence head's c_i (survival s_i = c_1 * ... * c_i);
+  score    the target forward over [a, d_1..d_n] (n_scored = N, or the positions kept by scored_length with a
+           confidence threshold); the target cache grows by n_scored + 1;
+  accept   accept_block keeps a prefix: exact match with the target's argmax at T = 0, rejection sampling with
+           q at T > 0 (sampling.accept); one more token follows (the correction or the bonus);
+  commit   the accepted prefix and that token join the output (up to an accepted stop token);
+  advance  crop the target cache to p + accepted + 1 and append the draft context K/V of the anchor and the
+           accepted tokens (their features come from the score pass): both hold p + accepted + 1 again.
+Counts: n_draft (= block_size) positions are drafted, n_scored <= n_draft of them scored. Query-block K/V are never
+kept. Timing: a SectionTimer records ms per step per round (GenerationStats.sections). Stop tokens follow
+DeepSpec's evaluator; so does the length limit with length_rule="deepspec" (docs/eval.md).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from dspark_cli.runtime import sampling
-from dspark_cli.runtime.markov import MarkovWeights, choose_strategy, draft_to_target, markov_walk
+from dspark_cli.runtime.markov import MarkovWeights, choose_strategy, markov_walk
 from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
 from dspark_cli.runtime.sampling import SamplingParams
+from dspark_cli.runtime.timing import SectionTimer
 
 TokenCallback = Callable[[list[int]], None]
 # New positions the draft context reserves up front: a huge --max-new-tokens (generation may end at a stop token
@@ -55,22 +58,25 @@ def max_block_size(config) -> int | None:
 
 
 class DraftContext:
-    """Context K/V of the draft for positions 0..length-1, in buffers that grow by doubling."""
+    """The draft's context cache for one sequence: K/V of positions 0..length-1 per draft layer, in buffers
+    that grow by doubling, plus the position ids 0..capacity-1 that the context and query blocks slice.
+
+    Owned by one speculative_generate call: filled at prefill, extended only by the advance step, so that
+    `length` always equals the target cache length (the committed positions whose features are known)."""
 
     def __init__(self, draft, capacity: int):
         config, weight = draft.config, draft.fc.weight
         shape = (1, config.num_key_value_heads, max(capacity, 1), config.head_dim)
         self.keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in draft.layers]
         self.values = [torch.empty_like(k) for k in self.keys]
+        self.positions = torch.arange(shape[2], device=weight.device)  # [capacity]
         self.length = 0
 
     def append(self, draft, features: torch.Tensor) -> None:
         """Project the target features of the next T positions and store their K/V. [T, n*Ht] -> cache."""
         count = features.shape[0]
         end = self.length + count
-        if end > self.keys[0].shape[2]:
-            self._grow(2 * end)
-        positions = torch.arange(self.length, end, device=features.device)[None]  # [1, T]
+        positions = self.position_ids(self.length, count)  # [1, T]
         with torch.inference_mode():
             new_kv = draft.context_kv(draft.project_context(features[None]), positions)  # layers x [1, kvh, T, D]
         for keys, values, (k, v) in zip(self.keys, self.values, new_kv):
@@ -78,10 +84,17 @@ class DraftContext:
             values[:, :, self.length : end] = v
         self.length = end
 
+    def position_ids(self, start: int, count: int) -> torch.Tensor:
+        """[1, count] int64 positions start..start+count-1 (a view; the buffers grow when they would overflow)."""
+        if start + count > self.positions.shape[0]:
+            self._grow(2 * (start + count))
+        return self.positions[None, start : start + count]
+
     def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (k, v) [1, kv_heads, length, head_dim] views."""
         return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
 
+    @torch.inference_mode(False)  # normal tensors, writable in and outside inference mode (as in __init__)
     def _grow(self, capacity: int) -> None:
         def grown(buffer: torch.Tensor) -> torch.Tensor:
             bigger = buffer.new_empty(*buffer.shape[:2], capacity, buffer.shape[3])
@@ -90,6 +103,7 @@ class DraftContext:
 
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
+        self.positions = torch.arange(capacity, device=self.positions.device)
 
 
 @dataclass
@@ -99,13 +113,12 @@ class Proposal:
     tokens: torch.Tensor  # [N] int64 target ids
     draft_probs: torch.Tensor | None  # [N, V] fp32 q over the target vocabulary; None when greedy (q one-hot)
     confidences: torch.Tensor | None  # [N] fp32 c_i; None without a confidence head
-    backbone_s: float = 0.0
-    markov_s: float = 0.0
 
 
 @dataclass
 class Drafter:
-    """What draft_block needs besides the draft model: the resolved Markov strategy and the sampling."""
+    """What the draft step needs besides the context: the draft model, the resolved Markov strategy, the
+    sampling, and the query-block ids [anchor, mask, ...] reused from round to round (one per block length)."""
 
     draft: object  # runtime.draft.DSparkDraft
     strategy: str  # one of markov.STRATEGIES
@@ -113,27 +126,25 @@ class Drafter:
     target_vocab: int
     draft_topk: int | None = None
     weights: MarkovWeights | None = field(init=False)
+    query_ids: dict[int, torch.Tensor] = field(init=False, default_factory=dict)  # n_queries -> [1, Q] int64
+    draft_vocab_ids: torch.Tensor | None = field(init=False)  # [Vd] target id of each draft id; None: identity
 
     def __post_init__(self) -> None:
         self.weights = MarkovWeights.from_draft(self.draft)
+        d2t, draft_vocab = self.draft.d2t, self.draft.lm_head.weight.shape[0]
+        self.draft_vocab_ids = None
+        if d2t is not None or draft_vocab != self.target_vocab:
+            ids = torch.arange(draft_vocab, device=self.draft.lm_head.weight.device)
+            self.draft_vocab_ids = ids if d2t is None else ids + d2t
 
-
-class _Clock:
-    """Wall-clock laps; synchronizes CUDA first so that each lap covers the work it names."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.last = self.now()
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        now = self.now()
-        elapsed, self.last = now - self.last, now
-        return elapsed
+    def queries(self, anchor: int, n_queries: int, device: torch.device) -> torch.Tensor:
+        """[1, Q] int64 [anchor, mask * (Q-1)] in a buffer kept across rounds (only the anchor is written)."""
+        ids = self.query_ids.get(n_queries)
+        if ids is None:
+            ids = torch.full((1, n_queries), self.draft.config.mask_token_id, dtype=torch.long, device=device)
+            self.query_ids[n_queries] = ids
+        ids[0, 0] = anchor
+        return ids
 
 
 def prefill(
@@ -141,48 +152,61 @@ def prefill(
 ) -> tuple[int, DraftContext]:
     """Run the prompt [P] through the target, sample the first new token, and fill the draft context."""
     logits, features = target.prefill(prompt_ids)  # [V], [P, n*Ht]
-    first = int(sampling.sample(sampling.target_probs(logits[None], params), generator)[0])
+    if params.greedy:
+        first = int(logits.argmax())
+    else:
+        first = int(sampling.sample(sampling.target_probs(logits[None], params), generator)[0])
     context = DraftContext(draft, capacity)
     context.append(draft, features)
     return first, context
 
 
 @torch.inference_mode()
-def draft_block(
-    drafter: Drafter, context: DraftContext, anchor: int, n_draft: int, generator: torch.Generator | None
-) -> Proposal:
-    """Propose n_draft tokens after `anchor` (at position context.length)."""
-    draft, params = drafter.draft, drafter.params
-    device = context.keys[0].device
-    clock = _Clock(device)
-    start = context.length
+def draft_backbone(drafter: Drafter, context: DraftContext, anchor: int, n_draft: int) -> tuple[torch.Tensor, ...]:
+    """The draft's parallel pass over the query block at position context.length -> (hidden [N, H], base [N, Vd])."""
+    draft = drafter.draft
     n_queries = n_draft if draft.config.sample_from_anchor else n_draft + 1
-    ids = torch.full((1, n_queries), draft.config.mask_token_id, dtype=torch.long, device=device)
-    ids[0, 0] = anchor
-    positions = torch.arange(start, start + n_queries, device=device)[None]  # [1, Q]
+    device = context.keys[0].device
+    ids = drafter.queries(anchor, n_queries, device)  # [1, Q]
+    positions = context.position_ids(context.length, n_queries)  # [1, Q]
     hidden = draft.block_hidden(ids, positions, context.kv())[0, n_queries - n_draft :]  # [N, H]
-    base = draft.base_logits(hidden)  # [N, Vd]
-    backbone_s = clock.lap()
+    return hidden, draft.base_logits(hidden)  # [N, H], [N, Vd]
 
-    noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, device)  # [1, N, Vd]
-    first_prev = torch.tensor([anchor], device=device)  # [1]: the walk is batch-first, here a batch of one block
+@torch.inference_mode()
+def markov_stage(
+    drafter: Drafter, hidden: torch.Tensor, base: torch.Tensor, anchor: int, generator: torch.Generator | None
+) -> Proposal:
+    """The sequential Markov walk over the base logits [N, Vd], the confidence head and q -> the proposal."""
+    draft, params = drafter.draft, drafter.params
+    noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, base.device)  # [1, N, Vd]
+    first_prev = torch.tensor([anchor], device=base.device)  # [1]: the walk is batch-first, here one block
     walk = markov_walk(drafter.strategy, drafter.weights, base[None], first_prev, params, noise, drafter.draft_topk)
+    tokens = walk.tokens[0]  # [N] target ids (with a Markov head the walk maps them through d2t)
+    if drafter.weights is None and drafter.draft_vocab_ids is not None:
+        tokens = drafter.draft_vocab_ids[tokens]  # no Markov head: the walk returned draft ids
     embeds = None if walk.embeds is None else walk.embeds[0]  # [N, r]
     confidences = None
     if draft.confidence_head is not None:
         confidences = torch.sigmoid(draft.confidence_logit(hidden, embeds))  # [N]
     draft_probs = None if params.greedy else _target_vocab_probs(drafter, walk.logits[0])
-    return Proposal(walk.tokens[0], draft_probs, confidences, backbone_s, clock.lap())
+    return Proposal(tokens, draft_probs, confidences)
+
+
+def draft_block(
+    drafter: Drafter, context: DraftContext, anchor: int, n_draft: int, generator: torch.Generator | None
+) -> Proposal:
+    """Propose n_draft tokens after `anchor` (at position context.length): backbone, then the Markov stage."""
+    hidden, base = draft_backbone(drafter, context, anchor, n_draft)
+    return markov_stage(drafter, hidden, base, anchor, generator)
 
 
 def _target_vocab_probs(drafter: Drafter, logits: torch.Tensor) -> torch.Tensor:
     """q over the target vocabulary: the processed draft distribution of logits [N, Vd] scattered through d2t
     -> [N, V]."""
     probs = sampling.target_probs(logits, drafter.params)  # [N, Vd]
-    d2t = drafter.draft.d2t
-    if d2t is None and probs.shape[-1] == drafter.target_vocab:
+    target_ids = drafter.draft_vocab_ids
+    if target_ids is None:
         return probs
-    target_ids = draft_to_target(d2t, torch.arange(probs.shape[-1], device=probs.device))  # [Vd]
     full = probs.new_zeros(probs.shape[0], drafter.target_vocab)
     return full.index_copy_(1, target_ids, probs)
 
@@ -191,30 +215,95 @@ CONFIDENCE_RULES = ("survival", "per-slot")
 LENGTH_RULES = ("stop", "deepspec")
 
 
-def verified_length(confidences: torch.Tensor, threshold: float, rule: str = "survival") -> int:
-    """How many drafted positions to verify. [N] fp32 -> 0..N.
+def scored_length(confidences: Sequence[float], threshold: float, rule: str = "survival") -> int:
+    """How many drafted positions the target scores, from their confidences c_1..c_N (floats or a [N] tensor).
 
     survival (vLLM's capacity rule): the positions whose survival Π_{i<=j} c_i >= threshold (survival never
-    increases, so they form a prefix). per-slot (DeepSpec's evaluator): the positions before the first slot
-    whose own c_j < threshold."""
+    increases, so they form a prefix), multiplied in float64. per-slot (DeepSpec's evaluator): the positions
+    before the first slot whose own c_j < threshold."""
+    values = [float(c) for c in confidences]
     if rule == "per-slot":
-        below = (confidences < threshold).nonzero()
-        return int(below[0, 0]) if below.numel() else int(confidences.shape[0])
-    survival = torch.cumprod(confidences.double(), dim=0)  # [N]
-    return int((survival >= threshold).sum())
+        return next((j for j, c in enumerate(values) if c < threshold), len(values))
+    survival, count = 1.0, 0
+    for c in values:
+        survival *= c
+        count += survival >= threshold
+    return count
 
 
-def verify_block(
-    target, anchor: int, proposal: Proposal, k: int, params: SamplingParams, generator: torch.Generator | None
-) -> tuple[int, int, torch.Tensor]:
-    """Score [anchor, d_1..d_k] with the target and verify. -> (accepted, next token, features [k+1, n*Ht])."""
-    device = proposal.tokens.device
-    block = torch.cat([torch.tensor([anchor], device=device), proposal.tokens[:k]])  # [k+1]
-    logits, features = target.verify(block)  # [k+1, V], [k+1, n*Ht]
-    target_probs = sampling.target_probs(logits, params)  # [k+1, V]
-    draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[:k]
-    accepted, next_token = sampling.verify(proposal.tokens[:k], draft_probs, target_probs, generator)
-    return accepted, next_token, features
+def score_block(target, anchor: int, proposal: Proposal, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target forward over [anchor, d_1..d_n_scored]; its cache grows by n_scored + 1.
+    -> (logits [n_scored+1, V], features [n_scored+1, n*Ht])."""
+    tokens = proposal.tokens
+    block = torch.cat([tokens.new_full((1,), anchor), tokens[:n_scored]])  # [n_scored+1]
+    return target.score(block)
+
+
+def accept_block(
+    proposal: Proposal, drafted: list[int], logits: torch.Tensor, params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Accept a prefix of the scored draft tokens -> (accepted, next token: the correction or the bonus).
+
+    Greedy compares the drafted ids with the target's argmax ids (no distribution is built); sampling runs
+    rejection sampling on the target's probabilities and q (sampling.accept). `drafted` are the scored ids."""
+    n_scored = logits.shape[0] - 1
+    if params.greedy:
+        return sampling.accept_greedy(drafted, logits.argmax(-1).tolist())
+    draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[:n_scored]
+    target_probs = sampling.target_probs(logits, params)  # [n_scored+1, V]
+    return sampling.accept(proposal.tokens[:n_scored], draft_probs, target_probs, generator)
+
+
+def check_lengths(target, context: DraftContext) -> None:
+    """The loop's invariant at the start of a round: the target cache and the draft context both hold
+    exactly the committed positions before the anchor."""
+    assert target.cache_length == context.length, (
+        f"target cache holds {target.cache_length} positions, draft context {context.length}")
+
+
+@dataclass
+class _Loop:
+    """The state speculative_generate carries from round to round (host-side values only)."""
+
+    anchor: int
+    tokens: list[int]
+    committed_total: int  # before trimming to max_new_tokens
+    stopped: bool
+    rounds: list[tuple[int, int, int, int, list[float] | None]] = field(default_factory=list)
+
+
+def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_scored: int,
+           confidences: list[float] | None, stops: set[int], max_new_tokens: int) -> list[int]:
+    """Append the round's committed tokens (accepted prefix + next token, or up to an accepted stop token,
+    DeepSpec's rule) and its (proposed, accepted, emitted, drafted, confidences). -> the new output tokens."""
+    stop_at = next((j for j, token in enumerate(drafted[:accepted]) if token in stops), None)
+    if stop_at is not None:  # an accepted stop token ends the round and generation
+        committed = drafted[: stop_at + 1]
+        loop.rounds.append((stop_at + 1, stop_at + 1, stop_at + 1, len(drafted), confidences))
+    else:
+        committed = drafted[:accepted] + [next_token]
+        loop.rounds.append((n_scored, accepted, accepted + 1, len(drafted), confidences))
+    new = committed[: max_new_tokens - len(loop.tokens)]
+    loop.tokens += new
+    loop.committed_total += len(committed)
+    loop.stopped = committed[-1] in stops
+    return new
+
+
+def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidences: list[float] | None) -> RoundRecord:
+    """The RoundRecord of a finished round; confidences are kept as the head gave them, even NaN from a broken
+    head (set after the range check: the report says why they cannot be scored, metrics.calibration_problem)."""
+    record = RoundRecord(proposed, accepted, emitted, drafted)
+    record.confidences = confidences
+    return record
+
+
+def advance(target, draft, context: DraftContext, features: torch.Tensor, accepted: int) -> None:
+    """Drop the rejected positions from the target cache and give the draft context the anchor and the
+    accepted tokens (their features came with the score pass): both then hold length + accepted + 1."""
+    target.crop(context.length + accepted + 1)
+    context.append(draft, features[: accepted + 1])
 
 
 def speculative_generate(
@@ -237,7 +326,7 @@ def speculative_generate(
     """Generate up to max_new_tokens after the prompt with `draft` proposing block_size tokens per round.
 
     strategy: "auto" or one of markov.STRATEGIES (ValueError if it cannot run); confidence_threshold:
-    verify only a prefix of the drafted positions chosen by confidence_rule (verified_length; None: all).
+    score only a prefix of the drafted positions chosen by confidence_rule (scored_length; None: all).
     length_rule: "stop" ends when max_new_tokens are committed; "deepspec" runs one more round when exactly
     max_new_tokens are committed (DeepSpec's evaluator loops while the anchor index is below the limit); that
     round's tokens are trimmed away but it is recorded. on_tokens receives each batch of newly committed tokens.
@@ -254,54 +343,43 @@ def speculative_generate(
     resolved = choose_strategy(strategy, MarkovWeights.from_draft(draft), draft_topk, params, on_cuda)
     drafter = Drafter(draft, resolved, params, target.vocab_size, draft_topk)
     stops = set(stop_ids)
-    clock = _Clock(target.device)
-    start = clock.last
+    timer = SectionTimer(target.device)
 
     capacity = len(prompt) + min(max_new_tokens, INITIAL_NEW_CAPACITY) + block_size + 2  # grows by doubling beyond
     anchor, context = prefill(target, draft, prompt, params, generator, capacity)
-    tokens = [anchor]
-    ttft_s = clock.lap()
+    ttft_s = timer.now() - timer.started
+    loop = _Loop(anchor, [anchor], 1, anchor in stops)
     if on_tokens is not None:
         on_tokens([anchor])
-    rounds: list[RoundRecord] = []
-    stopped = anchor in stops
-    committed_total = 1  # before trimming to max_new_tokens
     limit = max_new_tokens + (1 if length_rule == "deepspec" else 0)  # loop while committed_total < limit
-    while not stopped and committed_total < limit:
-        proposal = draft_block(drafter, context, anchor, block_size, generator)
-        clock.lap()  # already split into backbone and Markov time by draft_block
-        k = block_size
+    while not loop.stopped and loop.committed_total < limit:
+        check_lengths(target, context)
+        timer.start_round()
+        with timer.section("draft"):
+            hidden, base = draft_backbone(drafter, context, loop.anchor, block_size)
+        with timer.section("markov"):
+            proposal = markov_stage(drafter, hidden, base, loop.anchor, generator)
+            drafted = proposal.tokens.tolist()  # [N] ids on the host: the one copy the round needs
+            confidences = None if proposal.confidences is None else proposal.confidences.tolist()
+        n_scored = block_size
         if confidence_threshold is not None:
-            k = verified_length(proposal.confidences, confidence_threshold, confidence_rule)
-        accepted, next_token, features = verify_block(target, anchor, proposal, k, params, generator)
-        verify_s = clock.lap()
+            n_scored = scored_length(confidences, confidence_threshold, confidence_rule)
+        with timer.section("score"):
+            logits, features = score_block(target, loop.anchor, proposal, n_scored)  # [n+1, V], [n+1, n*Ht]
+        with timer.section("accept"):
+            accepted, next_token = accept_block(proposal, drafted[:n_scored], logits, params, generator)
+        with timer.section("commit"):
+            new = commit(loop, drafted, accepted, next_token, n_scored, confidences, stops, max_new_tokens)
+            if on_tokens is not None and new:
+                on_tokens(new)
+        if not loop.stopped and loop.committed_total < limit:
+            with timer.section("advance"):
+                advance(target, draft, context, features, accepted)
+            loop.anchor = next_token
 
-        drafted = proposal.tokens[:accepted].tolist()
-        stop_at = next((j for j, token in enumerate(drafted) if token in stops), None)
-        if stop_at is not None:  # an accepted stop token ends the round and generation (DeepSpec's rule)
-            committed = drafted[: stop_at + 1]
-            record = RoundRecord(proposed=stop_at + 1, accepted=stop_at + 1, emitted=stop_at + 1, drafted=block_size)
-        else:
-            committed = drafted + [next_token]
-            record = RoundRecord(proposed=k, accepted=accepted, emitted=accepted + 1, drafted=block_size)
-        new = committed[: max_new_tokens - len(tokens)]
-        committed_total += len(committed)
-        stopped = committed[-1] in stops
-        tokens += new
-        if on_tokens is not None and new:
-            on_tokens(new)
-        if not stopped and committed_total < limit:
-            target.crop(context.length + accepted + 1)
-            context.append(draft, features[: accepted + 1])
-            anchor = next_token
-        if proposal.confidences is not None:
-            record.confidences = proposal.confidences.tolist()
-        record.draft_backbone, record.markov, record.verify = proposal.backbone_s, proposal.markov_s, verify_s
-        record.other = clock.lap()  # crop, context K/V of the new positions, streaming
-        rounds.append(record)
-
-    stats = GenerationStats(len(prompt), len(tokens), ttft_s, clock.last - start, rounds)
-    return GenerationResult(tokens, stats, tokens[-1] in stops)
+    rounds = [_record(*counts) for counts in loop.rounds]
+    stats = GenerationStats(len(prompt), len(loop.tokens), ttft_s, timer.now() - timer.started, rounds, timer.rounds)
+    return GenerationResult(loop.tokens, stats, loop.tokens[-1] in stops)
 
 
 def autoregressive_generate(
@@ -319,8 +397,7 @@ def autoregressive_generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     prompt = _as_ids(prompt_ids, target.device)
     stops = set(stop_ids)
-    clock = _Clock(target.device)
-    start = clock.last
+    timer = SectionTimer(target.device)
     logits = target.prefill_plain(prompt)  # [V]
     tokens: list[int] = []
     ttft_s = 0.0
@@ -328,13 +405,13 @@ def autoregressive_generate(
         token = int(sampling.sample(sampling.target_probs(logits[None], params), generator)[0])
         tokens.append(token)
         if len(tokens) == 1:
-            ttft_s = clock.now() - start
+            ttft_s = timer.now() - timer.started
         if on_tokens is not None:
             on_tokens([token])
         if token in stops or len(tokens) >= max_new_tokens:
             break
         logits = target.decode_one(token)
-    stats = GenerationStats(len(prompt), len(tokens), ttft_s, clock.now() - start, [])
+    stats = GenerationStats(len(prompt), len(tokens), ttft_s, timer.now() - timer.started, [])
     return GenerationResult(tokens, stats, tokens[-1] in stops)
 
 

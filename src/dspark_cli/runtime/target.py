@@ -2,7 +2,7 @@
 
     target = TargetModel.load("Qwen/Qwen3-8B", capture_indices=draft.config.hidden_state_indices)
     logits, features = target.prefill(prompt_ids)      # [V], [T, n*Ht]
-    logits, features = target.verify(block_ids)        # [k+1, V], [k+1, n*Ht]; appends to the cache
+    logits, features = target.score(block_ids)         # [k+1, V], [k+1, n*Ht]; appends to the cache
     target.crop(committed_length)                      # roll the cache back after a rejection
 
 Features are the hidden states the draft reads, by capture index = target layer id + 1 (DeepSpec's
@@ -145,7 +145,7 @@ class TargetModel:
         return logits[-1], self._take_features()
 
     @torch.inference_mode()
-    def verify(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score [anchor, d1..dk] after the cached context and append them to the cache.
         [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht])."""
         logits = self._forward(block_ids, capture=True)
