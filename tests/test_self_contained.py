@@ -10,9 +10,6 @@ docs/environment.md). Checked here, per tracked text file:
 - every `docs/<page>.md` mention names an existing page, its `#anchor` a heading of that page, and its
   `§N.M` section numbers headings of that page;
 - every relative Markdown link in README.md and docs/*.md resolves, anchors included.
-
-PENDING lists files that still cite background notes and are being edited elsewhere; their check is an expected
-failure (strict: once a file is fixed, its XPASS fails the suite until it is removed from PENDING).
 """
 
 from __future__ import annotations
@@ -26,12 +23,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 THIS_FILE = "tests/test_self_contained.py"
-
-PENDING = {
-    "tests/test_speculative.py",
-    "docs/architecture.md",
-    "docs/generate.md",
-}
 
 BACKGROUND_PATHS = re.compile(r"\.\./shared\b|/work/shared\b|(?<![\w./-])shared/")
 BACKGROUND_NAMES = (
@@ -166,19 +157,10 @@ def problems_in(relative: str) -> list[str]:
     return problems
 
 
-def pending(relative: str):
-    reason = "still cites background notes; replace the citation, then remove the file from PENDING"
-    return pytest.param(relative, marks=pytest.mark.xfail(strict=True, reason=reason), id=relative)
-
-
-@pytest.mark.parametrize("relative", [pending(f) if f in PENDING else pytest.param(f, id=f) for f in text_files()])
+@pytest.mark.parametrize("relative", text_files())
 def test_file_cites_only_the_repository(relative):
     problems = problems_in(relative)
     assert not problems, "\n".join(problems)
-
-
-def test_pending_files_are_tracked():
-    assert PENDING <= set(tracked_files()), f"PENDING names files that are gone: {PENDING - set(tracked_files())}"
 
 
 def test_checks_catch_each_kind_of_outside_citation(tmp_path):

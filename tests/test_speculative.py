@@ -1,6 +1,6 @@
 """Greedy speculative decoding (runtime/speculative.py) is token-identical to the target's own greedy decoding.
 
-All in float32 (docs/deepspec-inference.md §2: bf16 near-ties may flip). The target is a tiny random Qwen3 whose
+All in float32 (docs/deepspec.md §2: bf16 near-ties may flip). The target is a tiny random Qwen3 whose
 next token depends mostly on the current one, and the drafts' Markov heads know that bigram (tests/pair_factory.py),
 so rounds accept 0..block_size tokens and both the accept and the reject paths run. Checkpoints are written in
 bf16 (DeepSpec's format) unless named fp32, and loaded in float32.
@@ -43,6 +43,7 @@ DRAFTS = {
     "reduced": (SPEC.with_(draft_vocab_size=128), True),  # d2t maps 128 draft ids to target ids
     "layout-1+N": (SPEC.with_(block_size=9, sample_from_anchor=False), True),  # 9 query slots -> 8 drafts
     "dflash": (SPEC.with_(markov_rank=0, block_size=9, confidence=False), False),  # no Markov head, 1+N layout
+    "dflash-reduced": (SPEC.with_(markov_rank=0, block_size=9, confidence=False, draft_vocab_size=128), False),
 }
 
 
@@ -307,3 +308,23 @@ def test_scored_length_matches_float64_survival_and_keeps_ties():
         assert scored_length(confidences, threshold, "per-slot") == per_slot
     assert scored_length([1.0, 0.5, 0.25], 0.5) == 2
     assert scored_length([0.5, 0.4], 0.5, "per-slot") == 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_without_markov_head_proposes_target_ids_through_d2t(drafts, temperature):
+    """No Markov head: the walk picks draft ids, which the proposal must map through d2t like the head does."""
+    from dspark_cli.runtime.speculative import markov_stage
+
+    draft = drafts["dflash-reduced"]
+    assert draft.markov_head is None and draft.d2t is not None and bool(draft.d2t.any())
+    params = SamplingParams(temperature=temperature)
+    drafter = Drafter(draft, "dense", params, target_vocab=SPEC.vocab_size)
+    hidden = torch.randn(4, draft.config.hidden_size, generator=torch.Generator().manual_seed(0))  # [N, H]
+    base = draft.base_logits(hidden)  # [N, Vd]
+    proposal = markov_stage(drafter, hidden, base, anchor=5, generator=torch.Generator().manual_seed(1))
+    target_ids = torch.arange(base.shape[-1]) + draft.d2t  # [Vd]
+    assert set(proposal.tokens.tolist()) <= set(target_ids.tolist())
+    if temperature == 0:
+        assert proposal.tokens.tolist() == target_ids[base.argmax(-1)].tolist()
+    else:  # q puts all its mass on the target ids the draft can propose, and the proposals carry mass
+        assert bool((proposal.draft_probs[torch.arange(4), proposal.tokens] > 0).all())
