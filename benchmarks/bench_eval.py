@@ -46,7 +46,7 @@ def main() -> None:
         start = time.perf_counter()
         ids = pair.encode(prompt, chat=False)
         result = pair.generate(ids, block_size=7, max_new_tokens=args.max_new_tokens, length_rule="deepspec",
-                               seed=seed)  # fmt: skip
+                               seed=seed)
         inside[0] += time.perf_counter() - start
         return result
 
@@ -60,7 +60,7 @@ def main() -> None:
         path = folder / "run.json"
         for prompt_set in sets:
             ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: ev.prompt_result(
-                name, i, text, generate(text, i)), lambda _: run.save(path))  # fmt: skip
+                name, i, text, generate(text, i)), lambda _: run.save(path))
         rows = {s.name: ev.set_statistics(run.results_of(s), 7, args.max_new_tokens) for s in sets}
         rows["all"] = ev.set_statistics(run.results, 7, args.max_new_tokens)
         run.save(path, rows)

@@ -113,7 +113,7 @@ def main() -> None:
 
 def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
     pair = Pair.load(target_dir, draft_dir, device=args.device, dtype=args.dtype or "auto", markov=args.markov,
-                     draft_topk=args.draft_topk)  # fmt: skip
+                     draft_topk=args.draft_topk)
     target, draft, device, dtype = pair.target, pair.draft, pair.device, pair.checked.dtype
     trained = pair.checked.check.trained_block_size or 7
     block_sizes = [int(b) for b in args.block_sizes.split(",")] if args.block_sizes else sorted({1, 2, 4, trained})
@@ -139,7 +139,7 @@ def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
         peers(target, {"plain (dspark loop)": lambda p: baseline(p, args.max_new_tokens).tokens,
                        f"dspark speculative (block {trained})": lambda p: speculative(p, trained,
                                                                                     args.max_new_tokens).tokens},
-              prompts, args.max_new_tokens, thread_counts, args.peer_rounds)  # fmt: skip
+              prompts, args.max_new_tokens, thread_counts, args.peer_rounds)
     if args.no_blocks:
         return
     torch.set_num_threads(thread_counts[0])
@@ -214,7 +214,7 @@ def round_costs(
     samples = interleaved_ms(calls, args.cost_reps)
     print(f"\nround costs, cache {context_length} tokens, {args.cost_reps} interleaved reps (strategy {resolved}):")
     print(f"  {'':<22} {'threads':>7} {'min ms':>8} {'median ms':>10} {'x step (min)':>13} {'x step (median)':>16}"
-          f" {'median vs 1st threads':>22}")  # fmt: skip
+          f" {'median vs 1st threads':>22}")
     for (name, threads), times in samples.items():
         step = samples[("decode step", threads)]
         low, mid = min(times), statistics.median(times)
@@ -249,7 +249,7 @@ def hf_generate(model: torch.nn.Module, max_new_tokens: int, **extra):
 
     model_args = {key: extra.pop(key) for key in ("assistant_model",) if key in extra}
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
-                              **extra)  # fmt: skip
+                              **extra)
 
     def generate(prompt: list[int]) -> list[int]:
         ids = torch.tensor([prompt], device=model.device)
@@ -298,7 +298,7 @@ def peers(
     tokens = sum(len(out) for out in reference)
     print(f"\npeers: {len(prompts)} prompts x {max_new_tokens} new tokens, greedy, (method, threads) rotated per "
           f"prompt, {rounds} pass(es); tok/s of the median pass, and 'best' from each prompt's fastest pass; ratios "
-          f"against the plain rows of the same thread count, of medians and (in brackets) of bests")  # fmt: skip
+          f"against the plain rows of the same thread count, of medians and (in brackets) of bests")
     print(f"  {'method':<48} {'threads':>7} {'tok/s':>8} {'best':>8} {'vs plain':>16} {'vs HF plain':>16}  output")
     for name, threads in keys:
         same = outputs[(name, threads)] == reference

@@ -48,7 +48,7 @@ def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float
     """Run a command with extra environment `env`; (wall s, CPU s, peak RSS MiB, stdout). Exits if it fails."""
     env = {**os.environ, **(env or {})}
     measured = json.loads(subprocess.run([sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True,
-                                         check=True, env=env).stdout)  # fmt: skip
+                                         check=True, env=env).stdout)
     if measured["rc"] != 0:
         raise SystemExit(f"{' '.join(args)} failed ({measured['rc']}):\n{measured['stderr']}")
     return measured["wall"], measured["cpu"], measured["peak_kib"] / 1024, measured["stdout"]
@@ -111,9 +111,9 @@ def screen_child(vocab: int, rank: int) -> None:
             samples[name].append((time.perf_counter() - started, time.process_time() - started_cpu))
     summary = {name: {"min_s": min(w for w, _ in runs), "median_s": statistics.median(w for w, _ in runs),
                       "min_cpu_s": min(c for _, c in runs), "median_cpu_s": statistics.median(c for _, c in runs)}
-               for name, runs in samples.items()}  # fmt: skip
+               for name, runs in samples.items()}
     same = (results["bf16"].top1_agreement, results["bf16"].top16_overlap) == (
-        results["fp32"].top1_agreement, results["fp32"].top16_overlap)  # fmt: skip
+        results["fp32"].top1_agreement, results["fp32"].top16_overlap)
     print(json.dumps({"chosen": str(chosen).removeprefix("torch."), "calibration": calibration, "runs": summary,
                       "same_top": same, "relative_errors": [results[n].relative_error for n in ("bf16", "fp32")]}))
 
@@ -154,23 +154,23 @@ def main() -> None:
     digests = {}
     for engine in ("torch", "modelopt"):
         _, _, peak_mb, stdout = run_child([sys.executable, __file__, "--child", engine,
-                                           "--vocab", str(args.vocab), "--rank", str(args.rank)])  # fmt: skip
+                                           "--vocab", str(args.vocab), "--rank", str(args.rank)])
         result = json.loads(stdout)
         digests[engine] = result["digest"]
         note = f"import {result['import_s']:.2f} s; RSS before quantize {result['before_mb']:.0f} MiB"
         rows.append((f"engine {engine}: quantize only", result["quantize_s"], result["quantize_cpu_s"], peak_mb, note))
     identical = digests["torch"] == digests["modelopt"]
     _, _, peak_mb, stdout = run_child([sys.executable, __file__, "--child", "screen",
-                                       "--vocab", str(args.vocab), "--rank", str(args.rank)])  # fmt: skip
+                                       "--vocab", str(args.vocab), "--rank", str(args.rank)])
     screen = json.loads(stdout)
     errors = screen["relative_errors"]
     for name, runs in screen["runs"].items():
         note = (f"median {runs['median_s']:.2f} s wall, {runs['median_cpu_s']:.2f} s CPU; top-1/16 same in both: "
-                f"{screen['same_top']}; rel. err bf16 {errors[0]:.6f}, fp32 {errors[1]:.6f}")  # fmt: skip
+                f"{screen['same_top']}; rel. err bf16 {errors[0]:.6f}, fp32 {errors[1]:.6f}")
         rows.append((f"bias screen {name} (min of {SCREEN_REPS})", runs["min_s"], runs["min_cpu_s"], peak_mb, note))
     calibration_s, calibration_cpu_s = screen["calibration"]
     rows.append(("bias screen calibration (once per process)", calibration_s, calibration_cpu_s, peak_mb,
-                 f"picks {screen['chosen']} on this CPU"))  # fmt: skip
+                 f"picks {screen['chosen']} on this CPU"))
 
     with tempfile.TemporaryDirectory() as tmp:
         source = fabricate_checkpoint(Path(tmp), args.vocab, args.rank)
@@ -180,7 +180,7 @@ def main() -> None:
         for number, (engine, env) in enumerate(runs):
             out = Path(tmp) / f"out-{number}"
             command = [sys.executable, "-m", "dspark_cli", "quantize", str(source), "-o", str(out), "--engine", engine,
-                       "--json"]  # fmt: skip
+                       "--json"]
             wall, cpu, peak_mb, stdout = run_child(command, env)
             report = json.loads(stdout)
             bias = report["bias"]
@@ -189,10 +189,10 @@ def main() -> None:
                          f"in-process {report['wall_s']:.2f} s; rel. err {report['relative_frobenius_error']:.4f}; "
                          f"bias top-1 {bias['top1_agreement']:.1%}, top-16 {bias['top16_overlap']:.1%} "
                          f"({bias['rows']} tokens); {report['bytes_before'] / 2**20:.1f} -> "
-                         f"{report['bytes_after'] / 2**20:.1f} MiB"))  # fmt: skip
+                         f"{report['bytes_after'] / 2**20:.1f} MiB"))
 
     print(f"markov_w2 [{args.vocab}, {args.rank}] bf16; checkpoint {size_mb:.0f} MiB; {os.cpu_count()} CPUs; "
-          f"bf16 matmul flags: {bf16_flags()}")  # fmt: skip
+          f"bf16 matmul flags: {bf16_flags()}")
     print(f"{'measurement':<50} {'wall s':>7} {'CPU s':>6} {'peak RSS MiB':>13}  notes")
     for name, seconds, cpu, peak_mb, note in rows:
         print(f"{name:<50} {seconds:>7.2f} {cpu:>6.2f} {peak_mb:>13.0f}  {note}")

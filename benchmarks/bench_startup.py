@@ -55,7 +55,7 @@ def slowest_imports(dspark_args: list[str], count: int = 8) -> list[tuple[float,
     """(cumulative seconds, module) of the top-level imports that cost most, from python -X importtime."""
     script = "import sys; from dspark_cli.cli import main; sys.argv = ['dspark', *sys.argv[1:]]; main()"
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", script, *dspark_args], capture_output=True,
-                          text=True)  # fmt: skip
+                          text=True)
     rows = []
     for line in done.stderr.splitlines():
         parts = line.split("|")
@@ -77,7 +77,7 @@ def main() -> None:
          median_times([sys.executable, "-c", "import typer, rich.console"], args.runs)),
         ("dspark --help", median_times([dspark, "--help"], args.runs)),
         ("dspark validate --help", median_times([dspark, "validate", "--help"], args.runs)),
-    ]  # fmt: skip
+    ]
     print(f"median of {args.runs} subprocess runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     print(f"  {'':<50} {'wall':>8}    {'cpu':>8}")
     for label, (wall, cpu) in rows:
@@ -92,7 +92,7 @@ def main() -> None:
     print(f"\nheavy modules imported by `dspark --help`: {', '.join(imported) or 'none'} (checked: {', '.join(HEAVY)})")
     wall, cpu = rows[2][1]
     verdict = "OK" if wall < TARGET_S else ("OVER on wall clock, OK on CPU time (busy machine)" if cpu < TARGET_S
-                                            else "OVER")  # fmt: skip
+                                            else "OVER")
     print(f"dspark --help: wall {wall:.3f} s, cpu {cpu:.3f} s vs target {TARGET_S:.1f} s: {verdict}")
 
 

@@ -24,7 +24,7 @@ from dspark_cli.runtime.target import TargetModel  # noqa: E402
 
 # (hidden, layers, intermediate, heads, kv heads, vocab): the demo target's shape, then larger ones
 SHAPES = [(192, 3, 576, 6, 2, 1024), (512, 6, 1536, 8, 2, 8192), (1024, 4, 3072, 16, 8, 32768),
-          (2048, 2, 6144, 16, 8, 32768)]  # fmt: skip
+          (2048, 2, 6144, 16, 8, 32768)]
 CONTEXT = 300
 
 
@@ -33,7 +33,7 @@ def random_target(hidden: int, layers: int, intermediate: int, heads: int, kv_he
 
     config = Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-                         vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
+                         vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=True)
     torch.manual_seed(0)
     return TargetModel(Qwen3ForCausalLM(config).float(), capture_indices=[1])  # verify captures, as in generation
 
@@ -75,7 +75,7 @@ def main() -> None:
                 samples[key].append((time.perf_counter() - began) * 1e3)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, {args.reps} interleaved reps, cache {CONTEXT}")
     print(f"{'hidden x layers':>16} {'params':>8} {'part':>12} {'threads':>7} {'min ms':>8} {'median ms':>10} "
-          f"{'vs 1st threads (median)':>24}")  # fmt: skip
+          f"{'vs 1st threads (median)':>24}")
     for shape, part, threads in keys:
         times = samples[(shape, part, threads)]
         first = statistics.median(samples[(shape, part, thread_counts[0])])

@@ -54,12 +54,12 @@ def draft_config() -> dict:
         "num_anchors": 512, "layer_types": ["full_attention"] * LAYERS, "markov_rank": RANK,
         "markov_head_type": "vanilla", "enable_confidence_head": True, "confidence_head_with_markov": True,
         "torch_dtype": "bfloat16",
-    }  # fmt: skip
+    }
 
 
 def target_config() -> dict:
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": H,
-            "num_hidden_layers": 36}  # fmt: skip
+            "num_hidden_layers": 36}
 
 
 def tensor_shapes() -> dict[str, list[int]]:
@@ -73,13 +73,13 @@ def tensor_shapes() -> dict[str, list[int]]:
             p + "self_attn.q_norm.weight": [HEAD_DIM], p + "self_attn.k_norm.weight": [HEAD_DIM],
             p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H], p + "mlp.down_proj.weight": [H, I],
             p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
-        })  # fmt: skip
+        })
     shapes.update({
         "norm.weight": [H], "hidden_norm.weight": [H], "fc.weight": [H, len(TARGET_LAYERS) * H],
         "embed_tokens.weight": [VOCAB, H], "lm_head.weight": [VOCAB, H],
         "markov_head.markov_w1.weight": [VOCAB, RANK], "markov_head.markov_w2.weight": [VOCAB, RANK],
         "confidence_head.proj.weight": [1, H + RANK], "confidence_head.proj.bias": [1],
-    })  # fmt: skip
+    })
     return shapes
 
 
@@ -157,7 +157,7 @@ def run_measured(args: list[str]) -> tuple[int, float, int]:
     """(exit code, wall seconds, max RSS in KiB) of one child run, its output discarded."""
     started = time.perf_counter()
     child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     return child.returncode, time.perf_counter() - started, usage.ru_maxrss
@@ -168,7 +168,7 @@ def write_hostile_draft(folder: Path, entries: int) -> int:
     fabricate(folder, 1)
     (folder / "model.safetensors.index.json").unlink()  # without an index every *.safetensors file is read
     parts = ",".join(f'"extra.{i}.weight":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}'
-                     for i in range(entries))  # fmt: skip
+                     for i in range(entries))
     raw = ("{" + parts + "}").encode()
     raw += b" " * (-len(raw) % 8)
     with open(folder / "model-extra.safetensors", "wb") as handle:
@@ -222,7 +222,7 @@ def main() -> None:
         started = time.perf_counter()
         apparent, allocated = fabricate(folder, args.shards)
         print(f"fabricated {args.shards} shards in {time.perf_counter() - started:.2f} s: "
-              f"apparent {apparent / 1e9:.2f} GB, on disk {allocated / 1e6:.2f} MB ({folder})")  # fmt: skip
+              f"apparent {apparent / 1e9:.2f} GB, on disk {allocated / 1e6:.2f} MB ({folder})")
 
         target = read_target_config(folder / "target")
         report = validate_checkpoint(open_checkpoint(folder), target)

@@ -63,7 +63,7 @@ def main() -> None:
     config = DraftConfig.from_dict(open_checkpoint(draft_dir).config)
     target = TargetModel.load(target_dir, config.hidden_state_indices)
     draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight)  # fmt: skip
+                                        target_lm_head=target.lm_head_weight)
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
     block = max_block_size(config)
@@ -72,7 +72,7 @@ def main() -> None:
 
         def run() -> list:
             return [speculative_generate(target, draft, p, params, block_size=block, max_new_tokens=128,
-                                         generator=torch.Generator().manual_seed(0)).stats for p in prompts]  # fmt: skip
+                                         generator=torch.Generator().manual_seed(0)).stats for p in prompts]
 
         run()  # warm-up
         sections = [r for stats in run() for r in stats.sections]

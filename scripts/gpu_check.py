@@ -59,7 +59,7 @@ def check_quantize(w2: torch.Tensor):
     on_cpu = quantize_nvfp4(w2.cpu())
     same = (torch.equal(weight.packed.cpu(), on_cpu.packed)
             and torch.equal(weight.scale.view(torch.uint8).cpu(), on_cpu.scale.view(torch.uint8))
-            and torch.equal(weight.global_scale.cpu(), on_cpu.global_scale))  # fmt: skip
+            and torch.equal(weight.global_scale.cpu(), on_cpu.global_scale))
     report("quantize_nvfp4 CUDA == CPU (bit-identical)", same)
     return weight
 
@@ -79,17 +79,17 @@ def check_gathered_bias(weight, gen: torch.Generator) -> None:
         values_before = values.clone()
         buffer = torch.full((batch, BLOCK, VOCAB), float("-inf"), dtype=torch.bfloat16, device="cuda")
         for name, ours in (("row", torch.full((batch, VOCAB), float("-inf"), dtype=torch.bfloat16, device="cuda")),
-                           ("strided buf[:, 3]", buffer[:, 3])):  # fmt: skip
+                           ("strided buf[:, 3]", buffer[:, 3])):
             theirs = torch.full((batch, VOCAB), float("-inf"), dtype=torch.bfloat16, device="cuda")
             nvfp4_gathered_bias(embed, weight, values, index, ours, 0.75)
             nvfp4_gathered_bias_reference(embed, weight, values, index, theirs, 0.75)
             selected = torch.zeros(batch, VOCAB, dtype=torch.bool, device="cuda").scatter_(1, index, True)
             ok = (within_one_bf16_step(ours[selected], theirs[selected])
                   and bool((ours[~selected] == float("-inf")).all())
-                  and torch.equal(values, values_before))  # fmt: skip
+                  and torch.equal(values, values_before))
             report(f"nvfp4_gathered_bias B={batch} k={topk} {name}", ok)
         report(f"nvfp4_gathered_bias B={batch} k={topk} leaves other rows of the buffer at -inf",
-               bool((buffer[:, [0, 1, 2, 4, 5, 6]] == float("-inf")).all()))  # fmt: skip
+               bool((buffer[:, [0, 1, 2, 4, 5, 6]] == float("-inf")).all()))
 
 
 def check_walk(heads: dict, gen: torch.Generator) -> None:
@@ -115,7 +115,7 @@ def check_walk(heads: dict, gen: torch.Generator) -> None:
     x = make_inputs(heads["nvfp4"], 8, BLOCK, TOPK, 0.8, gen)
     w = heads["nvfp4"].weights
     walk = lambda: markov_walk_triton(x.values, x.cand_ids, x.first_prev, w.w1, w.w2_nvfp4, w.scale, None,  # noqa: E731
-                                      x.gumbel, 0.8)[0]  # fmt: skip
+                                      x.gumbel, 0.8)[0]
     replay = capture_graph(walk)
     report("markov_walk_triton in a CUDA graph: replay == eager", torch.equal(replay(), walk()))
 
@@ -124,7 +124,7 @@ def run_bench(out: Path) -> None:
     json_path, png_path = out / "bench_markov.json", out / "bench_markov.png"
     command = [sys.executable, "-m", "dspark_cli", "bench", "markov", "--device", "cuda", "--batch", "1,8,32,128",
                "--topk", "64", "--format", "bf16,nvfp4", "--temperature", "0,1", "--json", str(json_path),
-               "--plot", str(png_path)]  # fmt: skip
+               "--plot", str(png_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "200"}
     print("$", " ".join(command), flush=True)
     began = time.perf_counter()
@@ -144,9 +144,9 @@ def summarize(doc: dict) -> None:
     """The issue's goal: fused walk >= 5x faster than the graphed per-position NVFP4 path, within 2x of its bound."""
     rows = {(r["format"], r["temperature"], r["batch"], r["method"], r["mode"]): r for r in doc["rows"] if r["timing"]}
     print(f"\nfused walk vs graphed top-k NVFP4 (peak {doc['peak_gbps']:.0f} GB/s, {doc['peak_source']}; "
-          f"launch {doc['launch_us']:.1f} us)")  # fmt: skip
+          f"launch {doc['launch_us']:.1f} us)")
     print(f"{'T':>4} {'B':>4} {'nvfp4 graph us':>15} {'fused graph us':>15} {'speedup':>8} {'bound us':>9} "
-          f"{'x bound':>8}")  # fmt: skip
+          f"{'x bound':>8}")
     for (fmt, temperature, batch, method, mode), row in sorted(rows.items()):
         if fmt != "nvfp4" or method != "fused" or mode != "graph":
             continue
@@ -154,7 +154,7 @@ def summarize(doc: dict) -> None:
         fused_us = row["us_per_step"]
         nvfp4_us = nvfp4["us_per_step"] if nvfp4 else float("nan")
         print(f"{temperature:>4g} {batch:>4} {nvfp4_us:>15.1f} {fused_us:>15.1f} {nvfp4_us / fused_us:>7.1f}x "
-              f"{row['lower_bound_us']:>9.1f} {fused_us / row['lower_bound_us']:>7.2f}x")  # fmt: skip
+              f"{row['lower_bound_us']:>9.1f} {fused_us / row['lower_bound_us']:>7.2f}x")
 
 
 def main() -> int:
@@ -174,7 +174,7 @@ def main() -> int:
         heads = random_heads(BenchConfig(device="cuda", topks=(TOPK,)), VOCAB, VOCAB, RANK)  # bf16 + NVFP4 W2
         weight = check_quantize(heads["bf16"].weights.w2)
         report("bench's NVFP4 head is quantize_nvfp4 of its bf16 W2",
-               torch.equal(weight.packed, heads["nvfp4"].weights.w2_nvfp4.packed))  # fmt: skip
+               torch.equal(weight.packed, heads["nvfp4"].weights.w2_nvfp4.packed))
         check_dequantize(weight, gen)
         check_gathered_bias(weight, gen)
         check_walk(heads, gen)
@@ -183,7 +183,7 @@ def main() -> int:
     torch.cuda.empty_cache()
     run_bench(args.out)
     print(f"\n{len(failures)} failure(s){': ' + ', '.join(failures) if failures else ''}; "
-          f"total {time.perf_counter() - began:.0f} s")  # fmt: skip
+          f"total {time.perf_counter() - began:.0f} s")
     return 1 if failures else 0
 
 

@@ -127,7 +127,7 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
             p + "mlp.down_proj.weight": rand(H, I),
             p + "input_layernorm.weight": norm(H),
             p + "post_attention_layernorm.weight": norm(H),
-        })  # fmt: skip
+        })
         if spec.attention_bias:
             for proj, width in (("q", hq), ("k", hkv), ("v", hkv), ("o", H)):
                 tensors[p + f"self_attn.{proj}_proj.bias"] = rand(width)
@@ -209,7 +209,7 @@ def write_folder(path: Path, config: dict, tensors: Tensors, *, shards: int = 1)
         save_file(part, str(path / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in part})
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-             "weight_map": weight_map}  # fmt: skip
+             "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return path
 
@@ -289,12 +289,12 @@ def nvfp4_quant_configs(layers: dict | None = None) -> tuple[dict, dict]:
         "quant_algo": "MIXED_PRECISION",
         "producer": producer,
         "quant_method": "modelopt",
-    }  # fmt: skip
+    }
     hf_quant_config = {
         "producer": producer,
         "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": [],
                          "quantized_layers": layers},
-    }  # fmt: skip
+    }
     return quantization_config, hf_quant_config
 
 
@@ -317,7 +317,7 @@ def write_nvfp4_draft(
     nvfp4 = nvfp4_markov_w2(spec)
     edit = {**({"quantization_config": quantization_config} if quantization_config else {}), **(edit or {})}
     path = write_draft(path, spec, shards=shards, edit=edit,
-                       mutate=nvfp4 if mutate is None else (lambda t: mutate(nvfp4(t))))  # fmt: skip
+                       mutate=nvfp4 if mutate is None else (lambda t: mutate(nvfp4(t))))
     if hf_quant_config:
         (path / "hf_quant_config.json").write_text(json.dumps(hf_quant_config, indent=2))
     return path
@@ -331,7 +331,7 @@ def speculators_config(spec: DraftSpec, kind: str = "dspark") -> dict:
     base = draft_config(spec)
     layer_keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta", "attention_bias",
-                  "max_position_embeddings", "vocab_size", "layer_types", "tie_word_embeddings")  # fmt: skip
+                  "max_position_embeddings", "vocab_size", "layer_types", "tie_word_embeddings")
     config = {
         "speculators_model_type": kind,
         "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
@@ -343,10 +343,10 @@ def speculators_config(spec: DraftSpec, kind: str = "dspark") -> dict:
         "speculators_config": {"algorithm": kind, "proposal_methods": [
             {"proposal_type": "greedy", "speculative_tokens": spec.block_size}]},
         "sample_from_anchor": kind == "dspark",
-    }  # fmt: skip
+    }
     if kind == "dspark":
         config.update(markov_rank=spec.markov_rank, markov_head_type="vanilla", enable_confidence_head=spec.confidence,
-                      confidence_head_with_markov=spec.confidence_with_markov)  # fmt: skip
+                      confidence_head_with_markov=spec.confidence_with_markov)
     return config
 
 
@@ -354,7 +354,7 @@ def specforge_config(spec: DraftSpec) -> dict:
     """An un-normalised SpecForge DSpark export: DSparkDraftModel with the DSpark fields under dflash_config."""
     config = draft_config(spec)
     moved = ("mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type", "enable_confidence_head",
-             "confidence_head_with_markov")  # fmt: skip
+             "confidence_head_with_markov")
     nested = {key: config.pop(key) for key in moved if key in config}
     config["architectures"] = ["DSparkDraftModel"]
     config["auto_map"] = {"AutoModel": "dspark.DSparkDraftModel"}

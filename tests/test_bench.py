@@ -103,7 +103,7 @@ def test_batched_methods_match_the_runtime_strategies_per_request(temperature):
         noise = None if x.noise is None else x.noise[b : b + 1]
         for strategy in ("dense", "topk", "nvfp4", "fused"):
             result = runtime_markov.markov_walk(strategy, head.weights, x.base[b : b + 1], x.first_prev[b : b + 1],
-                                                params, noise=noise, draft_topk=TOPK)  # fmt: skip
+                                                params, noise=noise, draft_topk=TOPK)
             assert torch.equal(result.tokens[0], batched[b]), (b, strategy)
 
 
@@ -166,7 +166,7 @@ def test_bench_command_end_to_end_on_cpu(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "512", "--draft-vocab", "384",
                                  "--rank", "32", "--block", "3", "--batch", "1,2", "--topk", "8", "--reps", "2",
-                                 "--warmup", "0", "--json", str(out_json), "--plot", str(out_png)])  # fmt: skip
+                                 "--warmup", "0", "--json", str(out_json), "--plot", str(out_png)])
     assert result.exit_code == 0, result.output
     assert "4 fused walk" in result.output and "not timed" in result.output
     doc = json.loads(out_json.read_text())
@@ -176,9 +176,9 @@ def test_bench_command_end_to_end_on_cpu(tmp_path):
         for temperature in (0.0, 1.0):
             for batch in (1, 2):
                 here = {(r["method"], r["mode"]) for r in rows
-                        if (r["format"], r["temperature"], r["batch"]) == (fmt, temperature, batch)}  # fmt: skip
+                        if (r["format"], r["temperature"], r["batch"]) == (fmt, temperature, batch)}
                 expected = {("dense", "eager"), ("select", "eager"), ("topk", "eager"), ("fused", "eager"),
-                            ("fused", "interpreter")}  # fmt: skip
+                            ("fused", "interpreter")}
                 if fmt == "nvfp4":
                     expected |= {("nvfp4", "eager"), ("nvfp4", "interpreter")}
                 assert here == expected
@@ -200,7 +200,7 @@ def test_bench_command_from_a_checkpoint(tmp_path, spec):
     out_json = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
                                  "--batch", "2", "--topk", "8", "--temperature", "0", "--reps", "1", "--warmup", "0",
-                                 "--json", str(out_json)])  # fmt: skip
+                                 "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out_json.read_text())
     assert (doc["vocab"], doc["draft_vocab"], doc["rank"], doc["d2t"]) == (spec.vocab_size, 200, spec.markov_rank, True)
@@ -246,7 +246,7 @@ def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_pat
     out_json = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16", "--block",
                                  "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0",
-                                 "--reps", "1", "--warmup", "0", "--json", str(out_json)])  # fmt: skip
+                                 "--reps", "1", "--warmup", "0", "--json", str(out_json)])
     assert result.exit_code == 1 and "MISMATCH" in result.output
     doc = json.loads(out_json.read_text())
     assert not doc["tokens_ok"]
@@ -266,7 +266,7 @@ def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
     result = subprocess.run([sys.executable, "-m", "dspark_cli", "bench", "markov", "--draft", str(draft), "--device",
                              "cpu", "--block", "2", "--batch", "1", "--topk", "8", "--temperature", "0", "--reps",
                              "1", "--warmup", "0", "--format", "bf16"], env=env, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 fused walk" in result.stdout and "kernel*" in result.stdout
 
@@ -287,7 +287,7 @@ def test_the_memory_check_compares_the_estimate_with_the_free_memory(monkeypatch
 def test_a_seed_near_two_to_the_64_runs(tmp_path):
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block",
                                  "2", "--batch", "3", "--topk", "8", "--format", "bf16", "--temperature", "0,1",
-                                 "--reps", "1", "--warmup", "0", "--seed", str(2**64 - 1)])  # fmt: skip
+                                 "--reps", "1", "--warmup", "0", "--seed", str(2**64 - 1)])
     assert result.exit_code == 0, result.output
 
 
@@ -299,7 +299,7 @@ def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec
 
     draft = write_draft(tmp_path / "draft", spec, mutate=poison)
     result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
-                                 "--batch", "1", "--topk", "8", "--reps", "1", "--warmup", "0"])  # fmt: skip
+                                 "--batch", "1", "--topk", "8", "--reps", "1", "--warmup", "0"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "markov_w2 hold NaN or inf values" in " ".join(result.stderr.split())
 
@@ -355,13 +355,13 @@ def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, 
         calls.append(len(fns))
         number = len(calls)  # a noisy timing (spread 100 %), its median numbered by the call that produced it
         return [Timing(median_us=number, p10_us=index + 1, p90_us=2 * (index + 1), reps=reps, min_us=index + 1)
-                for index in range(len(fns))]  # fmt: skip
+                for index in range(len(fns))]
 
     monkeypatch.setattr(bench, "time_interleaved", fake_time_interleaved)
     out_json = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16", "--block",
                                  "2", "--batch", "1,2", "--topk", "8", "--temperature", "0,1", "--reps", "3",
-                                 "--warmup", "0", "--json", str(out_json)])  # fmt: skip
+                                 "--warmup", "0", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out_json.read_text())["rows"]
     assert sum(n > 1 for n in calls) == 4  # one per (temperature, batch); single calls time the launch and the copy

@@ -47,7 +47,7 @@ def test_a_slow_python_loop_is_interrupted_and_the_timer_is_cleared(monkeypatch)
         chat.render_chat(FakeTokenizer(spin), "hi", "T")
     assert time.monotonic() - start < 5
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) in (
-        signal.SIG_DFL, signal.default_int_handler, None)  # fmt: skip
+        signal.SIG_DFL, signal.default_int_handler, None)
 
 
 def test_outside_the_main_thread_the_size_limit_still_applies(monkeypatch):

@@ -132,7 +132,7 @@ def test_specforge_and_speculators_read_like_deepspec():
 def test_read_target_config_uses_text_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"],
                                                       "text_config": {"vocab_size": 512, "hidden_size": 64,
-                                                                      "num_hidden_layers": 4}}))  # fmt: skip
+                                                                      "num_hidden_layers": 4}}))
     target = TargetConfig.from_dict(read_target_config(tmp_path))
     assert (target.vocab_size, target.hidden_size, target.num_hidden_layers) == (512, 64, 4)
     assert read_target_config(tmp_path / "config.json") == read_target_config(tmp_path)
@@ -233,7 +233,7 @@ def no_hang():
 
 
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors", "model.safetensors.index.json",
-                                  "hf_quant_config.json"])  # fmt: skip
+                                  "hf_quant_config.json"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
 def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused(tmp_path, spec, no_hang, name, kind):
     import os
@@ -246,7 +246,7 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_refused(tmp_path, spec,
     if victim.exists():
         victim.unlink()
     {"fifo": lambda: os.mkfifo(victim), "dev-zero": lambda: victim.symlink_to("/dev/zero"),
-     "folder": lambda: victim.mkdir()}[kind]()  # fmt: skip
+     "folder": lambda: victim.mkdir()}[kind]()
     with pytest.raises(CheckpointError, match="not a regular file|not one of the checkpoint's files") as error:
         open_checkpoint(path)
     assert error.value.code == "DSP501" and str(victim) in error.value.message
@@ -287,7 +287,7 @@ def _deep(depth: int) -> str:
 
 
 @pytest.mark.parametrize("document", [_deep(100_000), _deep(101), '{"a": ' * 101 + "1" + "}" * 101],
-                         ids=["200KB", "101-arrays", "101-objects"])  # fmt: skip
+                         ids=["200KB", "101-arrays", "101-objects"])
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json", "hf_quant_config.json"])
 def test_deeply_nested_json_is_one_sentence(tmp_path, spec, name, document):
     path = write_draft(tmp_path / "d", spec)

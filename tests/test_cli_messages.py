@@ -32,14 +32,14 @@ def test_bench_notes_keep_their_brackets(monkeypatch):
     monkeypatch.setattr(bench_module, "_notes", lambda *args: [BRACKETED, *notes(*args)])
     result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block",
                                  "2", "--batch", "1", "--topk", "8", "--format", "bf16", "--temperature", "0",
-                                 "--reps", "1", "--warmup", "0"])  # fmt: skip
+                                 "--reps", "1", "--warmup", "0"])
     assert result.exit_code == 0, result.output
     assert BRACKETED in words(result.stdout)
 
 
 @pytest.mark.parametrize("command, usage", [(["validate"], "[OPTIONS] CHECKPOINT"),
                                             (["quantize"], "[OPTIONS] CHECKPOINT"),
-                                            (["generate"], "[OPTIONS] [PROMPT]")])  # fmt: skip
+                                            (["generate"], "[OPTIONS] [PROMPT]")])
 def test_usage_lines_name_arguments_plainly(command, usage):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0

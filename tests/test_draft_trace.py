@@ -28,7 +28,7 @@ from dspark_cli.runtime.training import build_blocks, draft_forward
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_trace.json"
 TRACE_PROMPTS = (*DEMO_PROMPTS, "import os\nimport sys\n\n\ndef main(argv=None):\n",
-                 "\"\"\"Utilities for reading and writing configuration files.\n\nThis module provides")  # fmt: skip
+                 "\"\"\"Utilities for reading and writing configuration files.\n\nThis module provides")
 TRACE_BLOCK, TRACE_TOKENS = 7, 64
 
 SPECS = {
@@ -78,10 +78,10 @@ def demo_trace() -> dict:
     accepted = []
     for prompt in TRACE_PROMPTS:
         result = pair.generate(pair.encode(prompt, chat=False), block_size=TRACE_BLOCK, max_new_tokens=TRACE_TOKENS,
-                               stop_ids=())  # fmt: skip
+                               stop_ids=())
         accepted.append([r.accepted for r in result.stats.rounds])
     return {"target_sha256": _digest(target_dir), "draft_sha256": _digest(draft_dir), "block_size": TRACE_BLOCK,
-            "max_new_tokens": TRACE_TOKENS, "prompts": list(TRACE_PROMPTS), "accepted": accepted}  # fmt: skip
+            "max_new_tokens": TRACE_TOKENS, "prompts": list(TRACE_PROMPTS), "accepted": accepted}
 
 
 def test_golden_trace_of_the_demo_pair(request):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime import evaluation as ev
-from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair
+from dspark_cli.runtime.demo import DEMO_PROMPTS
 from dspark_cli.runtime.metrics import RoundRecord
 from dspark_cli.runtime.speculative import scored_length
 
@@ -171,7 +171,7 @@ def test_deepspec_length_rule_runs_one_more_round_at_exactly_the_limit(demo_mode
 
     def run(limit, rule):
         return speculative_generate(target, draft, ids, SamplingParams(), block_size=7, max_new_tokens=limit,
-                                    length_rule=rule)  # fmt: skip
+                                    length_rule=rule)
 
     long = run(40, "stop")
     exact = 1 + sum(r.emitted for r in long.stats.rounds[:3])  # committed after 3 rounds
@@ -242,7 +242,7 @@ def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev.EvalRun, "save", save)
     result = eval_cli("--data", str(ev.SHIPPED_SETS[1]), "--limit", "3", "--max-new-tokens", "8", "--json",
-                      str(run_file))  # fmt: skip
+                      str(run_file))
     assert result.exit_code == 130 and calls == [1, 2] and "--resume" in result.output
     assert len(json.loads(run_file.read_text())["results"]) == 2  # nothing finished was lost
 

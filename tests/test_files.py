@@ -33,7 +33,7 @@ runner = CliRunner()
 
 def digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def words(text: str) -> str:

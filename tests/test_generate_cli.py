@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from ckpt_factory import DraftSpec, write_target_config
 from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
 from typer.testing import CliRunner
@@ -32,10 +31,10 @@ def test_greedy_run_with_baseline_and_json(pair, tmp_path):
     target, draft = pair
     out = tmp_path / "run.json"
     result = generate("hello world", "--target", target, "--draft", draft, "--max-new-tokens", "24", "--baseline",
-                      "--json", str(out))  # fmt: skip
+                      "--json", str(out))
     assert result.exit_code == 0, result.output
     for text in ("per-position acceptance", "τ (incl. bonus)", "speedup", "confidence calibration",
-                 "greedy output identical to plain decoding on all 1 prompts"):  # fmt: skip
+                 "greedy output identical to plain decoding on all 1 prompts"):
         assert text in result.output
     doc = json.loads(out.read_text())
     assert doc["settings"]["block_size"] == 8 and doc["settings"]["markov"] == "dense"
@@ -55,7 +54,7 @@ def test_prompt_files_sampling_and_json_on_stdout(pair, tmp_path):
     prompts.write_text('{"prompt": "first prompt"}\n"second prompt"\n\n')
     args = ["--prompts", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "12",
             "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--markov", "topk", "--draft-topk", "16",
-            "--confidence-threshold", "0.2", "--json", "-"]  # fmt: skip
+            "--confidence-threshold", "0.2", "--json", "-"]
     first, second = generate(*args), generate(*args)
     assert first.exit_code == 0, first.output
     doc = json.loads(first.stdout)  # the streamed text and the report went to stderr
@@ -70,7 +69,7 @@ def test_text_prompt_file(pair, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\n\ntwo\n")
     result = generate("--prompts", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "4",
-                      "--block-size", "3", "--json", str(tmp_path / "r.json"))  # fmt: skip
+                      "--block-size", "3", "--json", str(tmp_path / "r.json"))
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [run["prompt"] for run in doc["prompts"]] == ["one", "two"] and doc["summary"]["block_size"] == 3
@@ -184,10 +183,10 @@ def copy_draft_with(draft: str, root, **values: float):
 def test_a_draft_with_nan_weights_is_reported_and_the_json_is_kept(pair, tmp_path, temperature):
     target, draft = pair
     broken = copy_draft_with(draft, tmp_path, confidence_head__proj__weight=float("nan"),
-                             markov_head__markov_w2__weight=float("inf"))  # fmt: skip
+                             markov_head__markov_w2__weight=float("inf"))
     out = tmp_path / "run.json"
     result = generate("hello", "--target", target, "--draft", broken, "--max-new-tokens", "12", "--temperature",
-                      temperature, "--json", str(out))  # fmt: skip
+                      temperature, "--json", str(out))
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "has NaN or inf values in 2 weight tensor(s)" in text and "markov_head.markov_w2.weight" in text

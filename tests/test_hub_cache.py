@@ -127,7 +127,7 @@ def test_quantize_writes_the_weights(offline, tmp_path, repo, shards):
 
 def test_generate(offline):
     result = runner.invoke(app, ["generate", "hello world", "--target", "org/target", "--draft", "org/draft",
-                                 "--max-new-tokens", "12", "--baseline"])  # fmt: skip
+                                 "--max-new-tokens", "12", "--baseline"])
     assert result.exit_code == 0, result.output
     assert "greedy output identical to plain decoding" in result.output
 
@@ -136,7 +136,7 @@ def test_bench_markov(offline, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "markov", "--draft", "org/draft", "--device", "cpu", "--block", "2",
                                  "--batch", "2", "--topk", "8", "--temperature", "0", "--reps", "1", "--warmup", "0",
-                                 "--json", str(out)])  # fmt: skip
+                                 "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["tokens_ok"] and doc["rank"] == SPEC.markov_rank
@@ -149,6 +149,6 @@ def test_train(offline, tmp_path):
     result = runner.invoke(app, ["train", "--target", "org/target", "--data", str(data), "-o", str(out),
                                  "--layers", "1", "--block-size", "4", "--markov-rank", "16", "--steps", "2",
                                  "--batch-size", "2", "--seq-len", "32", "--anchors", "4",
-                                 "--device", "cpu"])  # fmt: skip
+                                 "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()

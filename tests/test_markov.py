@@ -47,7 +47,7 @@ def target_ids(weights: MarkovWeights, draft_ids: torch.Tensor) -> torch.Tensor:
 def markov_walk(strategy, weights, base, anchor, params, noise=None, draft_topk=None) -> MarkovResult:
     """One block through the batch-first walk: base [N, Vd], noise [N, Vd] -> the request's result ([N], ...)."""
     batched = markov.markov_walk(strategy, weights, base[None], torch.tensor([anchor]), params,
-                                 None if noise is None else noise[None], draft_topk)  # fmt: skip
+                                 None if noise is None else noise[None], draft_topk)
     embeds = None if batched.embeds is None else batched.embeds[0]
     return MarkovResult(tokens=batched.tokens[0], logits=batched.logits[0], embeds=embeds)
 
@@ -117,7 +117,7 @@ def test_a_batch_walks_each_request_as_if_alone(weights, strategy, params):
     assert batched.tokens.shape == (3, N) and batched.embeds.shape == (3, N, R)
     for b in range(3):
         alone = markov_walk(strategy, weights, base[b], int(anchors[b]), params,
-                            None if noise is None else noise[b], draft_topk=7)  # fmt: skip
+                            None if noise is None else noise[b], draft_topk=7)
         assert batched.tokens[b].tolist() == alone.tokens.tolist(), (strategy, b)
         torch.testing.assert_close(batched.logits[b], alone.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(batched.embeds[b], alone.embeds)

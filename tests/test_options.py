@@ -27,7 +27,7 @@ def _bench(*args: str):
 
 def _train(tmp_path, *args: str):
     return wide.invoke(app, ["train", "--target", str(tmp_path / "no-target"), "--data", str(tmp_path / "no-data"),
-                               "--out", str(tmp_path / "out"), "--device", "cpu", *args])  # fmt: skip
+                               "--out", str(tmp_path / "out"), "--device", "cpu", *args])
 
 
 @pytest.mark.parametrize("seed, bound", [("-1", "greater than or equal to 0"),

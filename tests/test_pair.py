@@ -60,14 +60,14 @@ def test_generate_is_the_speculative_loop_on_the_loaded_pair(pair, pair_dirs):
     target_dir, draft_dir = pair_dirs
     target = TargetModel.load(target_dir, [i + 1 for i in SPEC.target_layer_ids])
     draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
-                                        target_lm_head=target.lm_head_weight)  # fmt: skip
+                                        target_lm_head=target.lm_head_weight)
     ids = pair.encode("hello world")
     assert ids == pair.tokenizer("hello world")["input_ids"]
     sampled = SamplingParams(temperature=1.0)
     for params in (SamplingParams(), sampled):
         got = pair.generate(ids, max_new_tokens=30, params=params, seed=3)
         expected = speculative_generate(target, draft, ids, params, block_size=8, max_new_tokens=30, stop_ids=[EOS],
-                                        generator=torch.Generator().manual_seed(3))  # fmt: skip
+                                        generator=torch.Generator().manual_seed(3))
         assert got.tokens == expected.tokens
         assert [r.accepted for r in got.stats.rounds] == [r.accepted for r in expected.stats.rounds]
     assert pair.stop_ids == [EOS] and pair.block_size == 8 and pair.strategy() == "dense"
@@ -108,7 +108,7 @@ def test_check_refuses_bad_input_before_any_weight_is_read(pair_dirs, monkeypatc
                              ({"confidence_threshold": 0.0}, "must be in \\(0, 1\\]"),
                              ({"dtype": "int8"}, "--dtype must be"),
                              ({"device": "tpu:x"}, "is not a device"),
-                             ({"block_size": 9}, "--block-size 9 is larger")]:  # fmt: skip
+                             ({"block_size": 9}, "--block-size 9 is larger")]:
         with pytest.raises(DsparkError, match=message):
             Pair.check(target, draft, **options)
     with pytest.raises(DsparkError, match="pass both"):

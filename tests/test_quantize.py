@@ -42,7 +42,7 @@ def load_all(folder: Path) -> dict[str, torch.Tensor]:
 
 def folder_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def raise_interrupt(*args, **kwargs):
@@ -51,7 +51,7 @@ def raise_interrupt(*args, **kwargs):
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                      b.reshape(-1).view(torch.uint8))  # fmt: skip
+                                                                      b.reshape(-1).view(torch.uint8))
 
 
 @pytest.fixture
@@ -142,11 +142,11 @@ def test_configs_and_other_files(draft, tmp_path):
     assert quant["config_groups"] == {"group_0": {
         "weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
         "targets": ["model.markov_head.markov_w2"],
-    }}  # fmt: skip
+    }}
     legacy = json.loads((out / "hf_quant_config.json").read_text())
     assert legacy["producer"]["name"] == "modelopt"
     assert legacy["quantization"] == {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
-                                      "exclude_modules": [], "quantized_layers": layer}  # fmt: skip
+                                      "exclude_modules": [], "quantized_layers": layer}
     assert (out / "tokenizer.json").read_text() == '{"model": "tiny"}'
     assert (out / "extra" / "notes.txt").read_text() == "kept as is"
 

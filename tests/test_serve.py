@@ -52,9 +52,9 @@ def one_sentence(stderr: str) -> str:
 def test_plain_draft(target_dir, draft_dir):
     argv, config = dry_run(target_dir, draft_dir, "--port", "8123", "--", "--tensor-parallel-size", "2")
     assert config == {"method": "dspark", "model": str(draft_dir.resolve()), "num_speculative_tokens": 4,
-                      "draft_sample_method": "probabilistic"}  # fmt: skip
+                      "draft_sample_method": "probabilistic"}
     assert argv == ["vllm", "serve", str(target_dir.resolve()), "--speculative-config", json.dumps(config),
-                    "--port", "8123", "--tensor-parallel-size", "2"]  # fmt: skip
+                    "--port", "8123", "--tensor-parallel-size", "2"]
 
 
 def test_relative_paths_become_absolute_so_the_command_works_anywhere(target_dir, draft_dir, monkeypatch):
@@ -122,7 +122,7 @@ def test_draft_from_dspark_quantize(tmp_path):
     assert quantized.exit_code == 0, quantized.stderr
     _, config = dry_run(target, out)
     assert config == {"method": "dspark", "model": str(out.resolve()), "num_speculative_tokens": 4,
-                      "draft_sample_method": "probabilistic"}  # fmt: skip
+                      "draft_sample_method": "probabilistic"}
     assert "nvfp4" in json.loads(invoke(target, out, "--json", "-").stdout)["draft_quantization"]
 
 
@@ -130,7 +130,7 @@ def test_reduced_vocabulary_draft(tmp_path, target_dir):
     draft = write_draft(tmp_path / "reduced", DraftSpec(draft_vocab_size=128))
     _, config = dry_run(target_dir, draft, "--draft-topk", "128")
     assert config == {"method": "dspark", "model": str(draft.resolve()), "num_speculative_tokens": 4,
-                      "draft_sample_method": "probabilistic", "dspark_draft_topk": 128}  # fmt: skip
+                      "draft_sample_method": "probabilistic", "dspark_draft_topk": 128}
     result = invoke(target_dir, draft, "--draft-topk", "129", "--dry-run")
     assert result.exit_code == 2 and "draft vocabulary size 128" in one_sentence(result.stderr)
     document = json.loads(invoke(target_dir, draft, "--json", "-").stdout)
@@ -208,7 +208,7 @@ def run_cli(*args: str, path: Path) -> subprocess.Popen:
     env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONUNBUFFERED", None)  # buffered stdout, as for most users: what is printed before exec must survive
     return subprocess.Popen([sys.executable, "-m", "dspark_cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_exec_replaces_the_process_and_passes_the_exit_code(tmp_path, target_dir, draft_dir):
@@ -228,7 +228,7 @@ def test_exec_replaces_the_process_and_passes_the_exit_code(tmp_path, target_dir
 def test_dry_run_never_starts_vllm(tmp_path, target_dir, draft_dir):
     record = tmp_path / "record"
     process = run_cli("serve", "-t", str(target_dir), "-d", str(draft_dir), "--dry-run",
-                      path=stand_in_vllm(tmp_path / "bin", record))  # fmt: skip
+                      path=stand_in_vllm(tmp_path / "bin", record))
     stdout, _ = process.communicate(timeout=120)
     assert process.returncode == 0 and stdout.startswith("vllm serve ")
     assert not record.exists()
@@ -246,6 +246,6 @@ def test_serve_imports_no_torch(target_dir, draft_dir):
         "print(code, heavy, file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.stderr.strip().splitlines()[-1] == "0 []"
     assert json.loads(done.stdout)["speculative_config"]["method"] == "dspark"

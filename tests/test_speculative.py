@@ -136,9 +136,9 @@ def test_greedy_equals_target_in_the_dflash_query_layout(target, drafts, referen
 
 @pytest.mark.parametrize("block_size", [1, 4, 8])
 @pytest.mark.parametrize("name, strategy, k", [("reduced", "dense", None), ("reduced", "topk", 5),
-                                               ("reduced", "fused", 5), ("fp32", "dense", None)])  # fmt: skip
+                                               ("reduced", "fused", 5), ("fp32", "dense", None)])
 def test_greedy_equals_target_with_reduced_vocab_and_fp32_drafts(target, drafts, reference, block_size, name,
-                                                                  strategy, k):  # fmt: skip
+                                                                  strategy, k):
     assert_matches(run(target, drafts[name], block_size, strategy=strategy, draft_topk=k), reference)
 
 
@@ -171,7 +171,7 @@ def test_stop_token_ends_generation_after_it(target, drafts, reference):
     expected = reference[0]
     for stop in dict.fromkeys(expected[1:12]):  # stops met as accepted drafts and as correction/bonus tokens
         result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8,
-                                      max_new_tokens=MAX_NEW, stop_ids=[stop])  # fmt: skip
+                                      max_new_tokens=MAX_NEW, stop_ids=[stop])
         assert result.tokens == expected[: expected.index(stop) + 1]
         assert result.finished_by_stop
         last = result.stats.rounds[-1]
@@ -180,7 +180,7 @@ def test_stop_token_ends_generation_after_it(target, drafts, reference):
 
 def test_stop_token_as_first_token_means_no_rounds(target, drafts, reference):
     result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=MAX_NEW,
-                                  stop_ids=[reference[0][0]])  # fmt: skip
+                                  stop_ids=[reference[0][0]])
     assert result.tokens == reference[0][:1] and result.stats.rounds == []
 
 
@@ -197,7 +197,7 @@ def test_sampling_is_reproducible_from_the_seed(target, drafts):
     def sample(seed):
         generator = torch.Generator().manual_seed(seed)
         return speculative_generate(target, drafts["bf16"], PROMPTS[0], params, block_size=4, max_new_tokens=30,
-                                    generator=generator).tokens  # fmt: skip
+                                    generator=generator).tokens
 
     assert sample(3) == sample(3)
     assert sample(3) != sample(4)
@@ -241,7 +241,7 @@ def test_bf16_pair_runs_and_starts_like_plain_decoding(pair_dirs):
     target = TargetModel.load(target_dir, [1, 3], dtype=torch.bfloat16)
     draft = DSparkDraft.from_checkpoint(draft_dirs["nvfp4"], dtype=torch.bfloat16)
     result = speculative_generate(target, draft, PROMPTS[0], GREEDY, block_size=8, max_new_tokens=20,
-                                  strategy="nvfp4", draft_topk=16)  # fmt: skip
+                                  strategy="nvfp4", draft_topk=16)
     plain = autoregressive_generate(target, PROMPTS[0], GREEDY, max_new_tokens=20)
     assert len(result.tokens) == 20 and result.tokens[0] == plain.tokens[0]
 
@@ -254,7 +254,7 @@ def test_max_block_size_follows_the_query_layout(drafts):
 def test_threshold_without_confidence_head_is_refused(target, drafts):
     with pytest.raises(ValueError, match="confidence head"):
         speculative_generate(target, drafts["dflash"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=4,
-                             confidence_threshold=0.5)  # fmt: skip
+                             confidence_threshold=0.5)
 
 
 def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference):
@@ -262,7 +262,7 @@ def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference
     expected = reference[0]
     stop = expected[5]
     result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
-                                  stop_ids=[stop])  # fmt: skip
+                                  stop_ids=[stop])
     assert result.tokens == expected[: expected.index(stop) + 1] and result.finished_by_stop
 
 

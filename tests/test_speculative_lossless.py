@@ -31,7 +31,7 @@ from dspark_cli.runtime.target import TargetModel
 
 VOCAB = 4
 SPEC = DraftSpec(vocab_size=VOCAB, draft_vocab_size=3, mask_token_id=3, markov_rank=64, num_hidden_layers=1,
-                 target_layers=1, target_layer_ids=(0,), block_size=4, dtype=torch.float32)  # fmt: skip
+                 target_layers=1, target_layer_ids=(0,), block_size=4, dtype=torch.float32)
 PARAMS = SamplingParams(temperature=0.9, top_k=3)
 GENERATIONS, TOKENS_EACH = 9, 3000
 Z_FALSE_ALARM = 3.090232  # standard normal upper quantile for 1e-3
@@ -80,10 +80,10 @@ def test_emitted_tokens_follow_the_target_distribution(pair):
         prompt = [g % VOCAB]
         threshold = 0.05 if g % 2 else None  # every other generation verifies only confident prefixes
         result = speculative_generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=TOKENS_EACH,
-                                      confidence_threshold=threshold, generator=generator)  # fmt: skip
+                                      confidence_threshold=threshold, generator=generator)
         sequence = torch.tensor(prompt + result.tokens)
         counts.index_put_((sequence[:-1], sequence[1:]), torch.ones(len(result.tokens), dtype=torch.float64),
-                          accumulate=True)  # fmt: skip
+                          accumulate=True)
         rounds += result.stats.rounds
 
     # the run exercised what it claims: rejections, full acceptances, cut rounds, residual-only tokens

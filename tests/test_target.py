@@ -123,7 +123,7 @@ def copy_target(target_dir, dst, *, drop=(), edit=None):
     shutil.copytree(target_dir, dst)
     tensors = load_file(str(dst / "model.safetensors"))
     save_file({k: v for k, v in tensors.items() if k not in drop}, str(dst / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+              metadata={"format": "pt"})
     config = json.loads((dst / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps({**config, **(edit or {})}))
     return dst
@@ -149,7 +149,7 @@ def test_pickle_only_weights_are_refused_without_being_opened(target_dir, tmp_pa
 
 @pytest.mark.parametrize("drop", [["model.layers.1.mlp.down_proj.weight"],
                                   ["lm_head.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight",
-                                   "model.layers.3.mlp.up_proj.weight"]])  # fmt: skip
+                                   "model.layers.3.mlp.up_proj.weight"]])
 def test_missing_weights_are_refused(target_dir, tmp_path, drop):
     folder = copy_target(target_dir, tmp_path / "incomplete", drop=drop)
     with pytest.raises(DsparkError, match=f"lacks {len(drop)} weight tensor") as error:

@@ -47,7 +47,7 @@ def test_generate_sets_threads_from_the_option_or_the_model_size(monkeypatch):
     calls = []
     real = threads_module.set_threads
     monkeypatch.setattr(threads_module, "set_threads", lambda requested, *models: calls.append(
-        (requested, parameter_count(*models))) or real(requested, *models))  # fmt: skip
+        (requested, parameter_count(*models))) or real(requested, *models))
     runner = CliRunner()
     for extra in (["--threads", "2"], []):
         result = runner.invoke(app, ["generate", "def f(x):", "--max-new-tokens", "3", "--device", "cpu", *extra])

@@ -47,7 +47,7 @@ def resume(pair, out: Path, checkpoint: Path, *args: str):
     """--resume with only the run options: the geometry comes from the checkpoint."""
     target, data = pair
     return runner.invoke(app, ["train", "--target", str(target), "--data", str(data), "-o", str(out), *RUN,
-                               "--resume", str(checkpoint), *args])  # fmt: skip
+                               "--resume", str(checkpoint), *args])
 
 
 def one_sentence_error(result, *needles: str) -> None:
@@ -77,7 +77,7 @@ def test_train_writes_a_draft_that_validates_and_generates_losslessly(pair, tmp_
     report = tmp_path / "run.json"
     ran = runner.invoke(app, ["generate", "def add(a", "--target", target, "--draft", str(out), "--max-new-tokens",
                               "24", "--baseline", "--device", "cpu", "--dtype", "float32",
-                              "--json", str(report)])  # fmt: skip
+                              "--json", str(report)])
     assert ran.exit_code == 0, ran.output
     (run,) = json.loads(report.read_text())["prompts"]
     assert run["tokens"] == run["baseline_tokens"] and run["first_divergence"] is None
@@ -228,7 +228,7 @@ def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_w
 
     def run(data: Path, *args: str):
         return runner.invoke(app, ["train", "--target", target, "--data", str(data), "-o", str(tmp_path / "out"),
-                                   *TINY, *args])  # fmt: skip
+                                   *TINY, *args])
 
     one_sentence_error(run(chat), "needs a chat template", "--chat-template")
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "none.jinja")), "none.jinja does not exist")

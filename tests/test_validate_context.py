@@ -21,7 +21,7 @@ def test_an_untrustworthy_layer_count_keeps_only_the_heads_and_fc(tmp_path):
     ctx = context(write_draft(tmp_path / "d", S, edit={"num_hidden_layers": 100_000}))
     assert ctx.is_draft and not ctx.geometry_ok and not ctx.expected
     assert [m.prefix for m in ctx.modules] == ["model.fc", "lm_head", "model.confidence_head.proj",
-                                               "model.markov_head.markov_w2"]  # fmt: skip
+                                               "model.markov_head.markov_w2"]
     healthy = context(write_draft(tmp_path / "h", S))
     assert healthy.geometry_ok and len(healthy.modules) == 4 * S.num_hidden_layers + 4
     assert "layers.1.mlp.down_proj.weight" in healthy.expected
@@ -34,7 +34,7 @@ def test_the_quantization_facts_of_an_nvfp4_draft(tmp_path):
     only_legacy = context(write_nvfp4_draft(tmp_path / "legacy", quantization_config={}))
     assert only_legacy.json_quant is None and only_legacy.quant is only_legacy.legacy_quant
     broken = context(write_nvfp4_draft(tmp_path / "broken", quantization_config={
-        **nvfp4_quant_configs()[0], "quant_algo": "INT4"}))  # fmt: skip
+        **nvfp4_quant_configs()[0], "quant_algo": "INT4"}))
     assert broken.quant is None and broken.quant_read is broken.json_quant and broken.head_claim is None
 
 

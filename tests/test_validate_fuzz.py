@@ -36,7 +36,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 def fixtures(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("fuzz")
     spec = DraftSpec(hidden_size=32, intermediate_size=64, vocab_size=64, mask_token_id=60, markov_rank=16,
-                     num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+                     num_attention_heads=2, num_key_value_heads=1)
     return {"single": write_draft(base / "single", spec), "sharded": write_draft(base / "sharded", spec, shards=2)}
 
 
@@ -62,7 +62,7 @@ def index_is_usable(folder: Path) -> bool:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         return False
     return all(not Path(v).is_absolute() and ".." not in Path(v).parts and (folder / v).is_file()
-               for v in weight_map.values())  # fmt: skip
+               for v in weight_map.values())
 
 
 def config_is_usable(folder: Path) -> bool:
@@ -169,7 +169,7 @@ def nested(depth: int, opener: str) -> str:
 
 @SETTINGS
 @given(depth=st.one_of(st.integers(1, 120), st.integers(120, 50_000)), opener=st.sampled_from(["[", '{"k":']),
-       name=st.sampled_from([INDEX, "config.json"]))  # fmt: skip
+       name=st.sampled_from([INDEX, "config.json"]))
 def test_nested_json_is_read_up_to_100_levels_then_refused_in_one_sentence(fixtures, depth, opener, name):
     with copy_of(fixtures["sharded"]) as folder:
         target = folder / name

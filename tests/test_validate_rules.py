@@ -41,7 +41,7 @@ def single_algo(exclude: list[str]) -> tuple[dict, dict]:
     return ({"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4", "group_size": 16, "ignore": exclude},
             {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16,
                                                                  "kv_cache_quant_algo": None,
-                                                                 "exclude_modules": exclude}})  # fmt: skip
+                                                                 "exclude_modules": exclude}})
 
 
 EXCLUDE_ALL_BUT_W2 = ["*layers*", "*fc*", "lm_head", "*confidence_head*"]  # "markov_head" has no "lm_head" in it
@@ -103,7 +103,7 @@ DFLASH = S.with_(markov_rank=0, confidence=False, own_embed=False, own_lm_head=F
          "confidence-no-markov", "dflash", "nvfp4", "nvfp4-sharded", "nvfp4-scale2-shape-1", "nvfp4-single-algo",
          "specforge-hoisted", "specforge-renamed", "speculators-dspark", "speculators-dflash", "int32-d2t",
          "null-draft-vocab", "mask-in-own-embedding", "bonus-anchor-both-keys", "logit-scale", "padded-draft-vocab"],
-)  # fmt: skip
+)
 def test_valid_checkpoints_trigger_no_rule(tmp_path, build, target_config, expected):
     path = build(tmp_path / "draft")
     assert codes_of(path, target_config) == expected
@@ -116,7 +116,7 @@ def test_resolved_values_name_their_source(tmp_path):
     resolved = validate_checkpoint(open_checkpoint(path)).resolved
     assert resolved["mask_token"] == {"value": 7, "source": "dflash_config.mask_token_id"}
     assert resolved["target_layer_ids"] == {"value": [0, 2], "source": "target_layer_ids",
-                                            "hidden_states_indices": [1, 3]}  # fmt: skip
+                                            "hidden_states_indices": [1, 3]}
     assert resolved["block_size"] == {"value": 4, "source": "block_size"}
     assert resolved["target_vocab_size"] == {"value": 256, "source": "assumed = vocab_size"}
     assert resolved["head_format"] == "bf16" and resolved["shards"] == 1
@@ -251,7 +251,7 @@ def aliased(tensors: dict) -> dict:
 def extra_layer(tensors: dict) -> dict:
     """A third decoder layer in a draft whose config says num_hidden_layers 2."""
     return {**tensors, **{k.replace("layers.1.", "layers.2.", 1): v.clone() for k, v in tensors.items()
-                          if k.startswith("layers.1.")}}  # fmt: skip
+                          if k.startswith("layers.1.")}}
 
 
 def config_only(p: Path, config: dict, tensors: dict | None = None) -> Path:
@@ -422,7 +422,7 @@ CASES = [
     Case("DSP605", nvfp4(mutate=replace_tensor("markov_head.markov_w2.weight_scale",
                                                torch.full((256, 4), float("nan")).to(torch.float8_e4m3fn))), deep=True),
     Case("DSP606", nvfp4(mutate=replace_tensor("markov_head.markov_w2.weight_scale_2", torch.tensor(0.0))), deep=True),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.code}-{i}" for i, c in enumerate(CASES)])
@@ -440,12 +440,12 @@ def test_every_code_has_a_trigger_case():
 def test_every_code_is_documented_with_its_severity():
     rows = dict(re.findall(r"^\| `(DSP\d{3})` \| ([\w-]+) \|", DOCS.read_text(), flags=re.M))
     assert rows == {**{code: severity for code, (severity, _) in CODES.items()},
-                    **{code: "exit-2" for code in READ_ERRORS}}  # fmt: skip
+                    **{code: "exit-2" for code in READ_ERRORS}}
 
 
 def test_findings_are_one_sentence_each_with_a_hint(tmp_path):
     path = write_draft(tmp_path / "d", S, edit={"markov_head_type": "rnn", "block_size": 0},
-                       mutate=drop("layers.0.mlp.up_proj.weight"))  # fmt: skip
+                       mutate=drop("layers.0.mlp.up_proj.weight"))
     report = validate_checkpoint(open_checkpoint(path))
     assert report.findings
     for finding in report.findings:
@@ -455,7 +455,7 @@ def test_findings_are_one_sentence_each_with_a_hint(tmp_path):
 
 def test_unknown_architecture_skips_the_draft_rules(tmp_path):
     report = validate_checkpoint(open_checkpoint(write_draft(tmp_path / "d", S, edit={
-        "architectures": ["LlamaForCausalLM"], "markov_rank": None})))  # fmt: skip
+        "architectures": ["LlamaForCausalLM"], "markov_rank": None})))
     assert report.codes == ["DSP001"]
     assert any(s.check.startswith("DSP002") for s in report.skipped)
 
@@ -465,7 +465,7 @@ def test_skipped_checks_are_named_without_target_or_deep(tmp_path):
     skipped = {s.check for s in report.skipped}
     assert {"DSP101", "DSP601-DSP606", "DSP024, DSP025, DSP031"} <= skipped
     report = validate_checkpoint(open_checkpoint(write_draft(tmp_path / "e", S)), target(),
-                                 deep=True)  # fmt: skip
+                                 deep=True)
     assert report.skipped == []
 
 
@@ -480,20 +480,20 @@ def test_speculators_layer_ids_are_shifted_like_vllm(tmp_path):
 def test_single_algo_exclusion_uses_vllm_substring_matching(tmp_path):
     # "markov_head.markov_w1" (ModelOpt's own toy export) excludes nothing quantizable: every other layer is claimed.
     path = write_nvfp4_draft(tmp_path / "d", quantization_config=single_algo(["markov_head.markov_w1"])[0],
-                             hf_quant_config={})  # fmt: skip
+                             hf_quant_config={})
     findings = [f for f in validate_checkpoint(open_checkpoint(path), target(R64)).findings if f.code == "DSP310"]
     claimed = {re.search(r"quantize (\S+) as", f.message).group(1) for f in findings}
     assert claimed == {"model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
                        "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj",
                        "model.layers.1.self_attn.qkv_proj", "model.layers.1.self_attn.o_proj",
                        "model.layers.1.mlp.gate_up_proj", "model.layers.1.mlp.down_proj",
-                       "model.fc", "lm_head", "model.confidence_head.proj"}  # fmt: skip
+                       "model.fc", "lm_head", "model.confidence_head.proj"}
 
 
 def test_dflash_draft_with_markov_tensors_lists_them_as_unexpected(tmp_path):
     tensors = draft_tensors(S)
     path = write_folder(tmp_path / "d", draft_config(DFLASH), {k: v for k, v in tensors.items()
-                                                              if not k.startswith("confidence")})  # fmt: skip
+                                                              if not k.startswith("confidence")})
     findings = validate_checkpoint(open_checkpoint(path), target()).findings
     assert {f.message.split("'")[1] for f in findings if f.code == "DSP205"} == {
         "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}
@@ -525,7 +525,7 @@ def test_fp8_stored_layer_claimed_fp8_is_not_called_unquantized(tmp_path):
 def test_ignored_legacy_quant_file_only_warns(tmp_path):
     legacy = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16}}
     report = validate_checkpoint(open_checkpoint(write_nvfp4_draft(tmp_path / "d", hf_quant_config=legacy)),
-                                 target(R64))  # fmt: skip
+                                 target(R64))
     assert "DSP307" not in report.codes and "DSP309" in report.codes
     assert report.exit_code() == 0
 

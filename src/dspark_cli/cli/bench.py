@@ -39,7 +39,7 @@ def markov(
     vocab: int = typer.Option(None, "--vocab", min=1,
                               help=f"Random weights: target vocabulary V (default {DEFAULT_VOCAB})."),
     draft_vocab: int = typer.Option(None, "--draft-vocab", min=1, help="Random weights: draft vocabulary Vd; Vd < V "
-                                    "adds a d2t map (default V)."),  # fmt: skip
+                                    "adds a d2t map (default V)."),
     rank: int = typer.Option(None, "--rank", min=1, help=f"Random weights: Markov rank r (default {DEFAULT_RANK})."),
     block: int = typer.Option(7, "--block", min=1, help="Positions N per draft step."),
     batch: str = typer.Option(None, "--batch", help="Batch sizes (default 1,8,32,128 on CUDA, 1,8 on CPU)."),
@@ -104,7 +104,7 @@ def markov(
         out.print(Text(f"plot written to {plot}"), highlight=False)
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
-                          "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)  # fmt: skip
+                          "its timing was skipped. Run with --json for the position.", EXIT_FINDINGS)
 
 
 def _bench_device(name: str) -> str:

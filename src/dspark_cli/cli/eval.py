@@ -21,7 +21,7 @@ shipped prompt sets, offline. --json saves the run after every prompt; --resume 
 
 # The options that decide what a prompt produces: a resumed run must use the values stored in its file.
 RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
-            "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit")  # fmt: skip
+            "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit")
 
 
 def register(app: typer.Typer) -> None:
@@ -67,7 +67,7 @@ def eval_command(
 
     out = render.console
     given = {name: value for name, value in ctx.params.items()
-             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}  # fmt: skip
+             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
     old = ev.EvalRun.load(compare) if compare is not None else None
     if resume is not None:
         run = ev.EvalRun.load(resume)
@@ -94,7 +94,7 @@ def eval_command(
         settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
                     "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
                     "confidence_rule": confidence_rule, "max_new_tokens": max_new_tokens, "seed": seed, "chat": chat,
-                    "thinking": thinking, "baseline": baseline, "limit": limit}  # fmt: skip
+                    "thinking": thinking, "baseline": baseline, "limit": limit}
         run = ev.EvalRun(settings, sets)
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
@@ -115,7 +115,7 @@ def eval_command(
         if json_path is None:
             raise
         render.err_console.print(f"[yellow]interrupted[/]: the {len(run.results)} finished prompts are saved in "
-                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")  # fmt: skip
+                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
@@ -144,7 +144,7 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
     from dspark_cli.runtime import evaluation as ev
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=out, transient=False) as progress:  # fmt: skip
+                  console=out, transient=False) as progress:
         for prompt_set in sets:
             finished = len(run.results_of(prompt_set))
             task = progress.add_task(prompt_set.name, total=len(prompt_set.prompts), completed=finished)
@@ -162,7 +162,7 @@ def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> N
     from dspark_cli.runtime.files import check_output_file, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
-              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))  # fmt: skip
+              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))
     check_output_file(json_path, inputs, "--json file")
     check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
 
@@ -191,7 +191,7 @@ def _load(settings: dict, sets: list, out: Console):
 
     s = settings
     checked = Pair.check(s["target"], s["draft"], device=s["device"], dtype=s["dtype"], block_size=s["block_size"],
-                         markov=s["markov"], confidence_threshold=s["confidence_threshold"])  # fmt: skip
+                         markov=s["markov"], confidence_threshold=s["confidence_threshold"])
     _warn(out, checked.warnings)
     use_chat = checked.chat(s["chat"])
     encoded = ev.encode_sets(checked, sets, use_chat, s["thinking"], s["max_new_tokens"])
@@ -200,7 +200,7 @@ def _load(settings: dict, sets: list, out: Console):
     _warn(out, pair.warnings[len(checked.warnings) :])
     params = SamplingParams(temperature=s["temperature"])
     s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
-             markov=pair.strategy(params), chat=use_chat)  # fmt: skip
+             markov=pair.strategy(params), chat=use_chat)
     options = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
     warm = [True]
@@ -268,29 +268,29 @@ def _main_table(rows) -> Table:
         base = summary["baseline"]
         table.add_row(name, str(stats["prompts"]), str(summary["rounds"]), _n(stats["tau"]), f"[{_n(low)}, {_n(high)}]",
                       _n(stats["tau_within_limit"]), _n(stats["verify_rate"], 3), _n(summary["tokens_per_s"], 1),
-                      f"{_n(base['speedup'])}×" if base and base["speedup"] else "-")  # fmt: skip
+                      f"{_n(base['speedup'])}×" if base and base["speedup"] else "-")
     return table
 
 
 def _positions_table(rows, block: int) -> Table:
     """Per position j: DeepSpec's accept_rate@j / the conditional rate; then the accepted-count histogram."""
     table = Table(title="per position j: accept_rate@j / conditional@j; histogram: rounds accepting a drafts",
-                  title_justify="left", padding=(0, 1))  # fmt: skip
+                  title_justify="left", padding=(0, 1))
     table.add_column("j or a", justify="right")
     for name, _ in rows:
         table.add_column(name, justify="right")
     for j in range(block):
         table.add_row(f"j={j}", *(f"{_n(st['summary']['accept_rate'][j])} / "
-                                  f"{_n(st['summary']['acceptance_conditional'][j])}" for _, st in rows))  # fmt: skip
+                                  f"{_n(st['summary']['acceptance_conditional'][j])}" for _, st in rows))
     for a in range(block + 1):
         table.add_row(f"a={a}", *(str(st["summary"]["accepted_histogram"][a]) for _, st in rows),
-                      end_section=a == block)  # fmt: skip
+                      end_section=a == block)
     return table
 
 
 def _calibration_table(rows) -> Table:
     table = Table(title="calibration of Π c_i: per-position mean (DeepSpec) and pooled (docs/metrics.md)",
-                  title_justify="left", padding=(0, 1))  # fmt: skip
+                  title_justify="left", padding=(0, 1))
     for column in ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"):
         table.add_column(column, justify="left" if column == "dataset" else "right")
     for name, stats in rows:
@@ -299,18 +299,18 @@ def _calibration_table(rows) -> Table:
             continue
         pooled, mean = calibration["survival"], stats["calibration_per_position_mean"]
         table.add_row(name, str(pooled["count"]), _n(mean["ece"], 3), _n(mean["auroc"], 3), _n(mean["brier"], 3),
-                      _n(pooled["ece"], 3), _n(pooled["auroc"], 3), _n(pooled["brier"], 3))  # fmt: skip
+                      _n(pooled["ece"], 3), _n(pooled["auroc"], 3), _n(pooled["brier"], 3))
     return table
 
 
 def print_compare(out: Console, comparison: dict, path: Path) -> None:
     table = Table(title=f"τ difference: this run − {path.name} (95% bootstrap interval)", title_justify="left",
-                  padding=(0, 1))  # fmt: skip
+                  padding=(0, 1))
     for column in ("dataset", "Δτ", "95% CI", "pairing", "verdict"):
         table.add_column(column, justify="left" if column in ("dataset", "verdict", "pairing") else "right")
     for name, c in comparison.items():
         low, high = c["ci"]
         verdict = "-" if c["significant"] is None else ("significant" if c["significant"] else "not significant")
         table.add_row(name, _n(c["difference"], 3), f"[{_n(low, 3)}, {_n(high, 3)}]",
-                      "paired by prompt" if c["paired"] else "unpaired", verdict)  # fmt: skip
+                      "paired by prompt" if c["paired"] else "unpaired", verdict)
     out.print(table)

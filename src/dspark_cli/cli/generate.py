@@ -81,7 +81,7 @@ def generate(
     except ValueError as error:
         raise DsparkError(f"{error}.") from None
     checked = Pair.check(target, draft, device=device, dtype=dtype, block_size=block_size, draft_topk=draft_topk,
-                         markov=markov, confidence_threshold=confidence_threshold)  # fmt: skip
+                         markov=markov, confidence_threshold=confidence_threshold)
     inputs = local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
     check_output_file(json_path, inputs + [("draft checkpoint", checked.checkpoint.local_dir)], "--json file")
     _warn(out, checked.warnings)
@@ -96,11 +96,11 @@ def generate(
     settings = Settings(checked.target_source, checked.draft_source, str(pair.device),
                         str(checked.dtype).removeprefix("torch."), pair.block_size, checked.check.trained_block_size,
                         pair.strategy(params), pair.draft_topk, confidence_threshold, temperature, top_p, top_k,
-                        max_new_tokens, seed, use_chat, pair.warnings)  # fmt: skip
+                        max_new_tokens, seed, use_chat, pair.warnings)
     with out.status("warming up"):
         pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, params=params, seed=seed)
     runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, max_new_tokens=max_new_tokens,
-                                               params=params, seed=seed)  # fmt: skip
+                                               params=params, seed=seed)
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:

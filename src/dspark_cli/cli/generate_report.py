@@ -29,7 +29,7 @@ class PromptRun:
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"prompt": self.prompt, "prompt_tokens": self.prompt_tokens, "completion": self.completion,
-               "new_tokens": len(self.tokens), "tokens": self.tokens, "finished_by_stop": self.finished_by_stop}  # fmt: skip
+               "new_tokens": len(self.tokens), "tokens": self.tokens, "finished_by_stop": self.finished_by_stop}
         if self.baseline_tokens is not None:
             doc.update(baseline_tokens=self.baseline_tokens, first_divergence=self.first_divergence)
         return doc
@@ -92,7 +92,7 @@ def json_document(settings: Settings, summary: "Summary", runs: list[PromptRun],
 
 
 def print_report(out: Console, settings: Settings, summary: "Summary", runs: list[PromptRun], baseline: bool,
-                 greedy: bool) -> None:  # fmt: skip
+                 greedy: bool) -> None:
     out.print(Text("\ndspark generate", style="bold") + Text(
         f"  block {settings.block_size}, markov {settings.markov}"
         + (f" (top-{settings.draft_topk})" if settings.draft_topk and settings.markov != "dense" else "")
@@ -138,7 +138,7 @@ def _acceptance_chart(summary: "Summary") -> Table:
         zip(summary.acceptance_unconditional, summary.acceptance_conditional)
     ):
         table.add_row(str(j + 1), _bar(unconditional), _percent(unconditional), _bar(conditional),
-                      _percent(conditional))  # fmt: skip
+                      _percent(conditional))
     return table
 
 
@@ -191,7 +191,7 @@ def _metrics_table(summary: "Summary") -> Table:
             ("baseline time per token", _ms(summary.baseline.tpot_ms), ""),
             ("speedup", _number(summary.baseline.speedup) + "x" if summary.baseline.speedup else "-",
              "tokens/s over baseline tokens/s"),
-        ]  # fmt: skip
+        ]
     for row in rows:
         table.add_row(*row)
     return table
@@ -204,5 +204,5 @@ def _calibration_table(summary: "Summary") -> Table:
         table.add_column(column, justify="right" if column else "left")
     for name, cal in (("survival Π c_i", calibration.survival), ("per slot c_j", calibration.per_slot)):
         table.add_row(name, str(cal.count), _number(cal.mean_predicted, 3), _number(cal.observed_rate, 3),
-                      _number(cal.ece, 3), _number(cal.auroc, 3), _number(cal.brier, 3))  # fmt: skip
+                      _number(cal.ece, 3), _number(cal.auroc, 3), _number(cal.brier, 3))
     return table

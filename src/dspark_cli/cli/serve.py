@@ -105,4 +105,4 @@ def print_refusal(report: "Report") -> None:
 
 def refusal_document(report: "Report") -> dict:
     return {"checkpoint": report.source, "refused": True,
-            "findings": [f.to_dict() for f in report.findings]}  # fmt: skip
+            "findings": [f.to_dict() for f in report.findings]}

@@ -20,7 +20,7 @@ config.json and the safetensors headers. Exit codes: 0 no errors, 1 errors found
 
 SHOWN_PER_CODE = 10  # findings printed per code; the rest are counted (--json lists every one)
 STYLES = {"error": ("Errors", "bold red", "x"), "warning": ("Warnings", "bold yellow", "!"),
-          "info": ("Info", "bold blue", "i")}  # fmt: skip
+          "info": ("Info", "bold blue", "i")}
 
 
 def register(app: typer.Typer) -> None:
@@ -58,7 +58,7 @@ def validate(
     except CheckpointError as error:
         if json_path is not None:
             render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
-                              "error": {"code": error.code, "message": error.message}}, json_path)  # fmt: skip
+                              "error": {"code": error.code, "message": error.message}}, json_path)
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     exit_code = report.exit_code(strict)
     if json_path is not None:
@@ -90,7 +90,7 @@ def print_report(report: "Report", strict: bool, exit_code: int) -> None:
             if count > SHOWN_PER_CODE:
                 table.add_row(Text(f"  {mark} {code}", style=style),
                               Text(f"... and {count - SHOWN_PER_CODE} more {code} findings (--json lists all).",
-                                   style="dim"))  # fmt: skip
+                                   style="dim"))
         console.print(table)
     if report.skipped:
         console.print(Text("\nSkipped", style="bold"))
@@ -134,7 +134,7 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
         ("embed / lm_head", f"{resolved['embed_tokens']} / {resolved['lm_head']}"),
         ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), "
                     f"{format_bytes(resolved['bytes'], decimal=True)}"),
-    ]  # fmt: skip
+    ]
     return rows
 
 

@@ -154,7 +154,7 @@ class WalkInputs:
             return None if t is None else t[:count].contiguous()
 
         return WalkInputs(first(self.base), first(self.values), first(self.cand_ids), first(self.first_prev),
-                          self.temperature, first(self.noise), first(self.gumbel))  # fmt: skip
+                          self.temperature, first(self.noise), first(self.gumbel))
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class Timing:
 
     def to_dict(self) -> dict:
         return {"median_us": self.median_us, "min_us": self.min_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
-                "spread": self.spread, "too_noisy": self.too_noisy, "reps": self.reps}  # fmt: skip
+                "spread": self.spread, "too_noisy": self.too_noisy, "reps": self.reps}
 
 
 @dataclass
@@ -244,7 +244,7 @@ class Row:
             "us_per_position": self.us_per_position, "weight_bytes": self.weight_bytes,
             "achieved_gbps": self.achieved_gbps, "lower_bound_us": self.lower_bound_us,
             "speedup_vs_dense": self.speedup_vs_dense, "speedup_vs_topk": self.speedup_vs_topk,
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -278,7 +278,7 @@ class BenchReport:
             "vocab": self.vocab, "draft_vocab": self.draft_vocab, "rank": self.rank, "block": self.block,
             "alpha": self.alpha, "d2t": self.has_d2t, "reps": self.reps, "warmup": self.warmup,
             "tokens_ok": self.ok, "notes": self.notes, "rows": [row.to_dict() for row in self.rows],
-        }  # fmt: skip
+        }
 
 
 # --- weights ------------------------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     draft_config = DraftConfig.from_dict(ckpt.config)
     if not draft_config.markov_rank:
         raise DsparkError(f"{ckpt.source} has no Markov head (markov_rank 0, a DFlash draft); there is no "
-                          "sequential Markov stage to benchmark.")  # fmt: skip
+                          "sequential Markov stage to benchmark.")
     hidden, vocab, draft_vocab = draft_config.hidden_size, draft_config.vocab_size, draft_config.draft_vocab_size
     draft = DSparkDraft.from_checkpoint(
         ckpt,
@@ -332,16 +332,16 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     weights = MarkovWeights(
         w1=loaded.w1.detach(), w2=loaded.w2.detach(), w2_nvfp4=loaded.w2_nvfp4, scale=loaded.scale,
         d2t=None if loaded.d2t is None else loaded.d2t.detach(),
-    )  # fmt: skip
+    )
     _check_shapes(config, weights.w1.shape[0], weights.w2.shape[0], weights.w1.shape[1], source=str(ckpt.source))
     corrupt = [name for name, tensor in (("markov_w1", weights.w1), ("markov_w2", weights.w2))
-               if not torch.isfinite(tensor).all()]  # fmt: skip
+               if not torch.isfinite(tensor).all()]
     if corrupt:
         raise DsparkError(f"{ckpt.source}: {' and '.join(corrupt)} hold NaN or inf values, so every Markov score would "
                           "be NaN and no method's tokens could be checked; fix or re-export the draft.")
     stored = "NVFP4" if weights.w2_nvfp4 is not None else str(weights.w2.dtype).removeprefix("torch.")
     return {fmt: _head_in_format(fmt, weights, config.dtype, f"{ckpt.source} (markov_w2 stored as {stored})")
-            for fmt in config.formats}  # fmt: skip
+            for fmt in config.formats}
 
 
 def _head_in_format(fmt: str, weights: MarkovWeights, dtype: torch.dtype, note: str) -> Head:
@@ -363,10 +363,10 @@ def _head_in_format(fmt: str, weights: MarkovWeights, dtype: torch.dtype, note: 
 def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, source: str = "--vocab/--rank") -> None:
     if min(vocab, draft_vocab, rank) < 1 or draft_vocab > vocab:
         raise DsparkError(f"{source}: need vocab >= draft vocab >= 1 and rank >= 1, got vocab {vocab}, "
-                          f"draft vocab {draft_vocab}, rank {rank}.")  # fmt: skip
+                          f"draft vocab {draft_vocab}, rank {rank}.")
     if "nvfp4" in config.formats and rank % 16:
         raise DsparkError(f"{source}: NVFP4 needs the Markov rank to be a multiple of 16 (group size), got {rank}; "
-                          "use the bf16 format.")  # fmt: skip
+                          "use the bf16 format.")
     too_large = [k for k in config.topks if k > draft_vocab]
     if too_large:
         raise DsparkError(f"top-k {too_large[0]} exceeds the draft vocabulary ({draft_vocab}); use smaller values.")
@@ -407,7 +407,7 @@ def _check_memory(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) 
                           f"({format_bytes(weights)} of Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, "
                           f"and {format_bytes(inputs)} of logit rows for batch {max(config.batches)} x block "
                           f"{config.block}) but {config.device} has {format_bytes(free)} free; use a smaller "
-                          "vocabulary, rank, batch or block.")  # fmt: skip
+                          "vocabulary, rank, batch or block.")
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
@@ -480,7 +480,7 @@ def check_tokens(w: MarkovWeights, x: WalkInputs, tokens: torch.Tensor, referenc
             detail = (f"request {b}, position {i}: token {int(tokens[b, i])} "
                       + (f"scores {float(chosen_score[b]):.6g}" if found[b, i] else "is not a candidate")
                       + f", the best candidate {int(cand_targets[b, i, best_j[b]])} scores {float(best[b]):.6g}"
-                      f" (tolerance {float(tol[b]):.2g})")  # fmt: skip
+                      f" (tolerance {float(tol[b]):.2g})")
             return TokenCheck(exact=False, near_ties=near_ties, mismatch=detail)
         near_ties += int((chosen[:, i] != best_j).sum())
     return TokenCheck(exact=False, near_ties=near_ties, mismatch=None)
@@ -553,7 +553,7 @@ def time_interleaved(
 
 def _timing(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples),
-                  min(samples))  # fmt: skip
+                  min(samples))
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -657,7 +657,7 @@ def run_bench(
             launch_us=measure_launch_us(config.device), source=first.note, vocab=first.vocab,
             draft_vocab=first.draft_vocab, rank=first.rank, block=config.block, alpha=first.weights.scale,
             has_d2t=first.weights.d2t is not None, reps=config.reps, warmup=config.warmup,
-        )  # fmt: skip
+        )
         report.notes += _notes(config, heads)
         for temperature in config.temperatures:
             for batch in config.batches:
@@ -684,18 +684,18 @@ def _notes(config: BenchConfig, heads: dict[str, Head]) -> list[str]:
         if _interpreter_active():
             notes.append("CPU: the Triton kernels (nvfp4_gathered_bias, markov_walk_triton) run only under the "
                          "Triton interpreter: their tokens are checked (rows 'kernel*'), never timed; the timed "
-                         "nvfp4 and fused rows are their torch twins ('twin').")  # fmt: skip
+                         "nvfp4 and fused rows are their torch twins ('twin').")
         else:
             notes.append("CPU: the Triton kernels are not checked here (no interpreter in this process); "
-                         "the NVFP4 and fused rows are their torch twins.")  # fmt: skip
+                         "the NVFP4 and fused rows are their torch twins.")
     else:
         notes.append("CUDA: speedups compare like with like (graph rows with graph rows, eager with eager).")
     notes.append(f"Every row of one (T, B) is timed interleaved with the others, both formats included (one call "
                  f"each per round, the order rotated every round); rows whose (p90 - min) / min exceeds "
-                 f"{SPREAD_LIMIT:.0%} are marked '!': load made them too noisy to compare.")  # fmt: skip
+                 f"{SPREAD_LIMIT:.0%} are marked '!': load made them too noisy to compare.")
     notes.append("Every row runs the code `dspark generate` runs; rows 2-4 include the top-k selection they share "
                  "(once per draft step), also timed alone as its own row. Bytes count reads of Markov weights only "
-                 "(not logit rows or noise).")  # fmt: skip
+                 "(not logit rows or noise).")
     return notes
 
 
@@ -736,7 +736,7 @@ def _bench_batch(
                     dense_runs.append(variant)
                 continue
             row = Row(head.fmt, temperature, batch, k, variant.method, variant.mode, variant.engine, config.block,
-                      check=check, requests_checked=variant.inputs.batch)  # fmt: skip
+                      check=check, requests_checked=variant.inputs.batch)
             if variant.timed and check.ok:
                 timed.append((row, variant.run))
                 _cost_row(row, head, report)
@@ -839,5 +839,5 @@ def write_latency_chart(report: BenchReport, path) -> None:
               f"{report.device}",
               [Series(label, points) for label, points in series.items()])
         for (fmt, temperature), series in panels.items()
-    ]  # fmt: skip
+    ]
     write_line_chart(path, chart, x_label="batch size", y_label="us per draft step (median)")

@@ -58,7 +58,7 @@ def render_chat(tokenizer, text: str, source: str, thinking: bool | None = None)
     try:
         with _deadline(CHAT_TEMPLATE_SECONDS):
             rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True, **options)  # fmt: skip
+                                                     add_generation_prompt=True, **options)
     except _TemplateTimeout:
         raise DsparkError(f"{where} was still rendering after {CHAT_TEMPLATE_SECONDS:g} s (a runaway loop?); fix "
                           "the template or pass --no-chat.") from None

@@ -41,7 +41,7 @@ DTYPE_BYTES = {
     "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+}
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 

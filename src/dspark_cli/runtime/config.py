@@ -15,7 +15,7 @@ from dspark_cli.errors import DsparkError
 DSPARK_ARCHITECTURES = {"Qwen3DSparkModel", "DSparkDraftModel"}
 DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
 OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel",
-                         "DSparkV41DraftModel"}  # fmt: skip
+                         "DSparkV41DraftModel"}
 DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
 
 # Checkpoint layouts (docs/formats-other.md §5), as `DraftConfig.format`.
@@ -36,7 +36,7 @@ SPECFORGE_HOISTED_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_
 MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
 
 GEOMETRY_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+                 "num_key_value_heads", "head_dim", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def _from_speculators(raw: dict[str, Any], fmt: str) -> dict[str, Any]:
     if fmt == "speculators-dspark":
         view["architectures"] = ["Qwen3DSparkModel"]
         defaults = {"markov_rank": 256, "markov_head_type": "vanilla", "enable_confidence_head": True,
-                    "confidence_head_with_markov": True, "sample_from_anchor": True}  # fmt: skip
+                    "confidence_head_with_markov": True, "sample_from_anchor": True}
         view.update({key: raw.get(key, default) for key, default in defaults.items()})
         view["dspark_bonus_anchor"] = not view["sample_from_anchor"]
         for key in ("target_layer_ids", "mask_token_id"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:

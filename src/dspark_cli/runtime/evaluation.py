@@ -104,7 +104,7 @@ def _txt_prompts(text: str) -> list[str]:
 
 
 def encode_sets(pair, sets: list[PromptSet], chat: bool, thinking: bool | None,
-                max_new_tokens: int) -> dict[tuple[str, int], list[int]]:  # fmt: skip
+                max_new_tokens: int) -> dict[tuple[str, int], list[int]]:
     """Token ids of every prompt, keyed (set name, index in set), with pair.encode (a pair.CheckedPair);
     DsparkError for a prompt that encodes to nothing or does not fit the target's context with its new tokens."""
     encoded = {}
@@ -157,7 +157,7 @@ def prompt_result(set_name: str, index: int, prompt: str, result, baseline=None)
     plain = None
     if baseline is not None:
         plain = {"new_tokens": baseline.stats.new_tokens, "ttft_s": baseline.stats.ttft_s,
-                 "total_s": baseline.stats.total_s, "tokens": baseline.tokens}  # fmt: skip
+                 "total_s": baseline.stats.total_s, "tokens": baseline.tokens}
     return PromptResult(set_name, index, prompt, stats.prompt_tokens, stats.new_tokens, stats.ttft_s, stats.total_s,
                         round_dicts(stats), list(result.tokens), result.finished_by_stop, plain)
 
@@ -216,7 +216,7 @@ GenerateOne = Callable[[int, str], PromptResult]  # (index in set, prompt) -> it
 
 
 def run_set(run: EvalRun, prompt_set: PromptSet, generate_one: GenerateOne,
-            on_done: Callable[[PromptResult], None] | None = None) -> int:  # fmt: skip
+            on_done: Callable[[PromptResult], None] | None = None) -> int:
     """Run the prompts of `prompt_set` that `run` has not finished; -> how many ran. on_done after each."""
     done = run.finished()
     ran = 0
@@ -258,7 +258,7 @@ def _interval(estimate: float | None, replicates: list[float], level: float) -> 
 
 
 def bootstrap_ratio(numerators: list[float], denominators: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                    seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL) -> Interval:  # fmt: skip
+                    seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL) -> Interval:
     """Σ numerators / Σ denominators (one pair per prompt) with a percentile bootstrap interval over prompts:
     resample prompts with replacement, recompute the pooled ratio. τ is such a ratio (emitted / rounds)."""
     total = sum(denominators)
@@ -276,7 +276,7 @@ def bootstrap_ratio(numerators: list[float], denominators: list[float], resample
 
 def bootstrap_ratio_difference(new: tuple[list[float], list[float]], old: tuple[list[float], list[float]],
                                paired: bool, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                               level: float = CONFIDENCE_LEVEL) -> Interval:  # fmt: skip
+                               level: float = CONFIDENCE_LEVEL) -> Interval:
     """(pooled ratio of new) - (pooled ratio of old), each given as (numerators, denominators) per prompt.
     paired: the same prompts in the same order, resampled together; else each side resampled on its own."""
     def ratio(side, picks):
@@ -370,7 +370,7 @@ def compare_tau(new: list[PromptResult], old: list[PromptResult]) -> dict:
     if difference.low is not None:
         significant = difference.low > 0 or difference.high < 0
     return {"difference": difference.estimate, "ci": [difference.low, difference.high], "paired": paired,
-            "significant": significant}  # fmt: skip
+            "significant": significant}
 
 
 # --- markdown ---------------------------------------------------------------------------------------------------
@@ -383,7 +383,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def markdown_table(rows: list[tuple[str, dict]], block_size: int, settings: dict) -> str:
     """The acceptance table for a model card: one row per set plus "all"."""
     header = ["dataset", "prompts", "τ", "95% CI", *(f"acc@{j}" for j in range(block_size)), "tokens/s", "speedup",
-              "ECE (per-pos / pooled)", "AUROC (per-pos / pooled)"]  # fmt: skip
+              "ECE (per-pos / pooled)", "AUROC (per-pos / pooled)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, stats in rows:
         summary = stats["summary"]
@@ -395,7 +395,7 @@ def markdown_table(rows: list[tuple[str, dict]], block_size: int, settings: dict
                  *(_fmt(v) for v in summary["accept_rate"]), _fmt(summary["tokens_per_s"], 1),
                  _fmt(baseline["speedup"]) + "×" if baseline and baseline["speedup"] else "-",
                  f"{_fmt(mean and mean['ece'], 3)} / {_fmt(pooled and pooled['ece'], 3)}",
-                 f"{_fmt(mean and mean['auroc'], 3)} / {_fmt(pooled and pooled['auroc'], 3)}"]  # fmt: skip
+                 f"{_fmt(mean and mean['auroc'], 3)} / {_fmt(pooled and pooled['auroc'], 3)}"]
         lines.append("| " + " | ".join(cells) + " |")
     s = settings
     lines.append("")

@@ -238,7 +238,7 @@ def fused_walk(
     gumbel = None if params.greedy else noise.gather(-1, candidates.ids)  # [B, N, k]
     w2 = weights.w2_nvfp4 if weights.w2_nvfp4 is not None else weights.w2
     tokens, corrected = run(candidates.values, candidates.ids, first_prev, weights.w1, w2, weights.scale,
-                            weights.d2t, gumbel, params.temperature)  # fmt: skip  # [B, N], [B, N, k]
+                            weights.d2t, gumbel, params.temperature)  # [B, N], [B, N, k]
     logits = torch.full_like(base, float("-inf"), dtype=torch.float32).scatter_(-1, candidates.ids, corrected)
     prev_ids = torch.cat([first_prev[:, None], tokens[:, :-1]], dim=1)  # [B, N] target ids before each position
     return MarkovResult(tokens=tokens, logits=logits, embeds=weights.w1[prev_ids])

@@ -250,7 +250,7 @@ def _confidence_calibration(rounds: list[RoundRecord], block_size: int) -> Confi
 
 # The report's four round stages, each the sum of these loop sections (GenerationStats.sections).
 STAGE_SECTIONS = {"draft_backbone": ("draft",), "markov": ("markov",), "verify": ("score", "accept"),
-                  "other": ("commit", "advance")}  # fmt: skip
+                  "other": ("commit", "advance")}
 
 
 def stage_seconds(sections: dict[str, float]) -> dict[str, float]:

@@ -35,7 +35,7 @@ from dspark_cli.runtime.speculative import (
 
 MARKOV_CHOICES = ("auto", *STRATEGIES)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}  # fmt: skip
+          "float16": "float16", "fp16": "float16"}
 GREEDY = SamplingParams()
 
 # --- device, dtype, tokenizer ----------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class CheckedPair:
             target = TargetModel.load(self.target_source, indices, dtype=self.dtype, device=self.device)
             draft = DSparkDraft.from_checkpoint(self.checkpoint, target_embed=target.embed_weight,
                                                 target_lm_head=target.lm_head_weight, dtype=self.dtype,
-                                                device=self.device)  # fmt: skip
+                                                device=self.device)
         warnings = list(self.warnings)
         corrupt = nonfinite_warning(self.draft_source, nonfinite_weights(draft))
         if corrupt is not None:
@@ -303,7 +303,7 @@ class Pair:
         target_config = read_target_config(target)
         check = check_pair(ckpt, target_config, block_size, draft_topk)
         return CheckedPair(target, draft, ckpt, target_config, torch_device, torch_dtype, markov, confidence_threshold,
-                           check)  # fmt: skip
+                           check)
 
     @classmethod
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, **options) -> "Pair":
@@ -339,7 +339,7 @@ class Pair:
         markov = self.checked.markov
         try:
             return choose_strategy(markov, MarkovWeights.from_draft(self.draft), self.draft_topk, params,
-                                   self.device.type == "cuda")  # fmt: skip
+                                   self.device.type == "cuda")
         except ValueError as error:
             raise DsparkError(f"--markov {markov}: {error}.") from None
 
@@ -366,7 +366,7 @@ class Pair:
                                     draft_topk=self.draft_topk, confidence_threshold=self.checked.confidence_threshold,
                                     confidence_rule=confidence_rule, length_rule=length_rule,
                                     stop_ids=self.stop_ids if stop_ids is None else stop_ids,
-                                    generator=self._generator(seed), on_tokens=on_tokens)  # fmt: skip
+                                    generator=self._generator(seed), on_tokens=on_tokens)
 
     def baseline(
         self,
@@ -381,14 +381,14 @@ class Pair:
         """Plain one-token-per-forward decoding of the same prompt by the target alone."""
         return autoregressive_generate(self.target, self._ids(prompt), params, max_new_tokens=max_new_tokens,
                                        stop_ids=self.stop_ids if stop_ids is None else stop_ids,
-                                       generator=self._generator(seed), on_tokens=on_tokens)  # fmt: skip
+                                       generator=self._generator(seed), on_tokens=on_tokens)
 
     def warm_up(self, prompt, *, max_new_tokens: int, baseline: bool = False, params: SamplingParams = GREEDY,
-                seed: int = 0, **options) -> None:  # fmt: skip
+                seed: int = 0, **options) -> None:
         """A short run of each decoder, so that first-call costs (allocators, kernels) do not land on the first
         prompt's timings. options: as for generate."""
         self.generate(prompt, max_new_tokens=min(max_new_tokens, self.block_size + 2), params=params, seed=seed,
-                      **options)  # fmt: skip
+                      **options)
         if baseline:
             self.baseline(prompt, max_new_tokens=min(max_new_tokens, 4), params=params, seed=seed)
 

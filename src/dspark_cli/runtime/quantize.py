@@ -389,7 +389,7 @@ def bias_agreement(
     count = embeds.shape[0]
     relative = (sum_diff / sum_ref) ** 0.5 if sum_ref > 0 else (0.0 if sum_diff == 0 else float("inf"))
     return BiasAgreement(rows=count, top1_agreement=top1_same / count, top16_overlap=overlap / count,
-                         relative_error=relative)  # fmt: skip
+                         relative_error=relative)
 
 
 def _sum_squares(x: torch.Tensor) -> float:
@@ -523,7 +523,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 # --- safetensors shard rewriting --------------------------------------------------------------------------------
 
 _SAFETENSORS_DTYPES = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32",
-                       torch.bfloat16: "BF16", torch.float16: "F16"}  # fmt: skip
+                       torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def rewrite_safetensors(source: Path, target: Path, *, drop: str, add: dict[str, torch.Tensor]) -> None:

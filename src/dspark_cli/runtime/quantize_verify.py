@@ -51,7 +51,7 @@ def _tensor_problem(before: dict[str, TensorInfo], after: dict[str, TensorInfo])
             return f"tensor {name!r} is missing from it"
         if (got.dtype, got.shape) != (info.dtype, info.shape):
             return (f"tensor {name!r} changed from {info.dtype}{list(info.shape)} to "
-                    f"{got.dtype}{list(got.shape)}")  # fmt: skip
+                    f"{got.dtype}{list(got.shape)}")
     vd, rank = before[MARKOV_W2].shape
     module = MARKOV_W2.rsplit(".", 1)[0]
     expected = {

@@ -28,7 +28,7 @@ from dspark_cli.runtime.rules import Report, validate_checkpoint
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
 INSTALL_HINT = ("vLLM is not installed here (no `vllm` on PATH): on a CUDA machine run `pip install vllm` "
-                "(a release with the 'dspark' speculative method), then run the command above.")  # fmt: skip
+                "(a release with the 'dspark' speculative method), then run the command above.")
 OMNI_ARCHITECTURE = "Qwen3OmniDSparkModel"  # vLLM requires num_speculative_tokens == block_size for it
 RESERVED_VLLM_FLAGS = ("--speculative-config", "--speculative_config")
 

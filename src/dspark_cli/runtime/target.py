@@ -178,7 +178,7 @@ class TargetModel:
         self._capturing = capture
         try:
             out = self.model(input_ids=ids[None], use_cache=True, logits_to_keep=logits_to_keep,
-                             **{self.cache_kwarg: self.cache})  # fmt: skip
+                             **{self.cache_kwarg: self.cache})
         finally:
             self._capturing = False
         return out.logits[0]

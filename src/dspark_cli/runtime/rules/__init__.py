@@ -34,7 +34,7 @@ from dspark_cli.runtime.rules.deep import tensor_values
 from dspark_cli.runtime.rules.resolved import resolve
 
 __all__ = ["CODES", "ERROR", "INFO", "READ_ERRORS", "WARNING", "Finding", "Report", "SkippedCheck",
-           "validate_checkpoint"]  # fmt: skip
+           "validate_checkpoint"]
 
 Rule = Callable[[RuleContext], Results]
 
@@ -42,7 +42,7 @@ Rule = Callable[[RuleContext], Results]
 CHECKPOINT_RULES: tuple[Rule, ...] = (
     files.pickle_files, files.duplicate_tensors, files.index_agreement, tensors.tensor_names,
     config_rules.draft_format,
-)  # fmt: skip
+)
 # Run only on a DSpark or DFlash draft (`ctx.is_draft`), in this order (skipped checks are reported in run order).
 DRAFT_RULES: tuple[Rule, ...] = (
     config_rules.geometry, config_rules.dspark_keys, config_rules.block_size, config_rules.mask_token,
@@ -51,7 +51,7 @@ DRAFT_RULES: tuple[Rule, ...] = (
     vocab.vocabulary,
     tensors.expected_tensors,
     quant.quant_configs, quant.nvfp4_tensors, quant.nvfp4_claims, quant.marlin_head,
-)  # fmt: skip
+)
 # Run on every checkpoint, last (it loads tensor data, and only with deep=True).
 VALUE_RULES: tuple[Rule, ...] = (tensor_values,)
 

@@ -103,7 +103,7 @@ def build_context(ckpt: Checkpoint, target: TargetConfig | None, deep: bool) -> 
         is_draft=is_draft, geometry_ok=geometry_ok, modules=modules,
         expected=MappingProxyType(expected_draft_tensors(config) if geometry_ok else {}),
         nvfp4_weights=nvfp4, json_quant=json_quant, legacy_quant=legacy, quant=quant, head_claim=head_claim,
-    )  # fmt: skip
+    )
 
 
 def read_target(raw: dict | None) -> TargetConfig | None:

@@ -51,7 +51,7 @@ def legacy_quant(raw: dict[str, Any]) -> QuantConfig:
         return QuantConfig(where, None, None, None, [], {}, ["it has no 'quantization' object"])
     method = "modelopt" if as_dict(raw.get("producer")).get("name") == "modelopt" else None
     quant = _quant(where, method, section.get("quant_algo"), section.get("group_size"),
-                   section.get("exclude_modules"), section.get("quantized_layers"))  # fmt: skip
+                   section.get("exclude_modules"), section.get("quantized_layers"))
     if method is None:
         quant.problems.append("its producer is not modelopt, so vLLM does not read it as a ModelOpt config")
     if quant.algo and "FP4" in quant.algo:  # vLLM's NVFP4 family
@@ -84,14 +84,14 @@ def _quant(where: str, method: Any, algo: Any, group: Any, exclude: Any, layers:
                 layer_algo = entry.get("quant_algo") if isinstance(entry, dict) else None
                 if not isinstance(layer_algo, str) or layer_algo.upper() not in MIXED_LAYER_ALGOS:
                     problems.append(f"quantized_layers[{key!r}] has quant_algo {layer_algo!r}, which vLLM leaves "
-                                    f"unquantized (it accepts {', '.join(sorted(MIXED_LAYER_ALGOS))})")  # fmt: skip
+                                    f"unquantized (it accepts {', '.join(sorted(MIXED_LAYER_ALGOS))})")
                     continue
                 layer_group = entry.get("group_size", NVFP4_GROUP)
                 if "NVFP4" in layer_algo.upper() and layer_group != NVFP4_GROUP:
                     problems.append(f"quantized_layers[{key!r}] has group_size {layer_group!r}; NVFP4 needs 16")
                 clean_layers[key] = {"quant_algo": layer_algo.upper(), "group_size": layer_group}
     return QuantConfig(where, method if isinstance(method, str) else None, algo_name, group, list(exclude or []),
-                       clean_layers, problems)  # fmt: skip
+                       clean_layers, problems)
 
 
 def is_excluded(prefixes: tuple[str, ...], patterns: list[str]) -> bool:

@@ -18,7 +18,7 @@ def resolve(ctx: RuleContext) -> dict[str, Any]:
     resolved["target_layer_ids"] = {
         "value": config.layer_ids, "source": config.target_layer_ids.source,
         "hidden_states_indices": config.hidden_state_indices,
-    }  # fmt: skip
+    }
     resolved["block_size"] = {"value": config.block_size.value, "source": config.block_size.source}
     resolved["vocab_size"] = config.vocab_size
     resolved["draft_vocab_size"] = {
@@ -28,7 +28,7 @@ def resolve(ctx: RuleContext) -> dict[str, Any]:
     }
     resolved["target_vocab_size"] = {
         "value": ctx.target_vocab, "source": "--target" if ctx.target else "assumed = vocab_size",
-    }  # fmt: skip
+    }
     depth, depth_source = ctx.target_depth
     resolved["target_depth"] = {"value": depth, "source": depth_source}
     resolved["markov_rank"] = config.markov_rank
