@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.training import (DraftShape, TrainOptions, build_blocks, choose_mask_token,
-                                         default_target_layers, prepare_run, target_forward, train_loop)
+from dspark_cli.runtime.training import TrainOptions, train_loop
 from dspark_cli.runtime.training_data import collect_files, load_token_stream, read_documents
+from dspark_cli.runtime.training_draft import DraftShape, choose_mask_token, default_target_layers
+from dspark_cli.runtime.training_loss import build_blocks, target_forward
+from dspark_cli.runtime.training_run import prepare_run
 
 CODE = '''def add(a, b):
     """Return the sum of a and b."""
@@ -259,7 +261,7 @@ def test_demo_build_is_deterministic(tmp_path):
 ], ids=["default", "dflash", "trained-copies", "added-mask-row"])
 def test_memory_estimate_counts_the_trainable_parameters(tmp_path, tiny_pair, shape):
     """The estimate checked before allocating counts exactly the weights the optimizer will hold."""
-    from dspark_cli.runtime.training import trainable_parameters
+    from dspark_cli.runtime.training_draft import trainable_parameters
     from dspark_cli.runtime.training_checks import run_memory_estimate
 
     target_dir, data = tiny_pair
