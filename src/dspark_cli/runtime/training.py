@@ -20,6 +20,7 @@ import torch
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.draft_io import write_draft_files
 from dspark_cli.runtime.target_training import cosine_lr
 from dspark_cli.runtime.training_checks import TRAINER_JSON, TRAINER_STATE
 from dspark_cli.runtime.training_data import SequenceBank, TokenStream
@@ -182,7 +183,7 @@ class DraftTrainer:
         tensors["generator"] = self.generator.get_state()
         state = {"step": self.step, "options": asdict(self.options), "param_groups": optimizer["param_groups"]}
         with atomic_output_dir(folder, force=True) as tmp:  # a checkpoint is there whole or not at all
-            self.draft.write_files(tmp, include_shared=True)
+            write_draft_files(self.draft, tmp, include_shared=True)
             save_file(tensors, str(tmp / TRAINER_STATE))
             (tmp / TRAINER_JSON).write_text(json.dumps(state, indent=2) + "\n")
         return folder
@@ -270,7 +271,7 @@ def save_final(draft: DSparkDraft, out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".final.", suffix=".tmp", dir=out) as staging:  # removed on any error
-        draft.write_files(Path(staging), include_shared=True)
+        write_draft_files(draft, Path(staging), include_shared=True)
         for name in ("model.safetensors", "config.json"):  # each replaced atomically
             os.replace(Path(staging) / name, out / name)
     return out
