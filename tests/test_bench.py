@@ -272,16 +272,17 @@ def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
 
 
 def test_the_memory_check_compares_the_estimate_with_the_free_memory(monkeypatch):
-    from dspark_cli.runtime import bench
+    from dspark_cli.runtime import bench_inputs  # where the memory check looks up available_memory
 
     config = BenchConfig(batches=(1, 8), block=7, formats=("bf16",))
-    weights, inputs = bench.memory_needed(config, 1000, 500, 64)
-    assert weights == (1000 + 500) * 64 * 6 + 500 * 64 * 6 and inputs == 8 * 7 * 500 * bench.INPUT_BYTES_PER_LOGIT
-    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs)
-    bench.random_heads(config, 1000, 500, 64)  # fits exactly
-    monkeypatch.setattr(bench, "available_memory", lambda device: weights + inputs - 1)
+    weights, inputs = bench_inputs.memory_needed(config, 1000, 500, 64)
+    assert weights == (1000 + 500) * 64 * 6 + 500 * 64 * 6
+    assert inputs == 8 * 7 * 500 * bench_inputs.INPUT_BYTES_PER_LOGIT
+    monkeypatch.setattr(bench_inputs, "available_memory", lambda device: weights + inputs)
+    bench_inputs.random_heads(config, 1000, 500, 64)  # fits exactly
+    monkeypatch.setattr(bench_inputs, "available_memory", lambda device: weights + inputs - 1)
     with pytest.raises(DsparkError, match="needs about"):
-        bench.random_heads(config, 1000, 500, 64)
+        bench_inputs.random_heads(config, 1000, 500, 64)
 
 
 def test_a_seed_near_two_to_the_64_runs(tmp_path):
@@ -364,7 +365,7 @@ def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, 
                                  "--warmup", "0", "--json", str(out_json)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out_json.read_text())["rows"]
-    assert sum(n > 1 for n in calls) == 4  # one per (temperature, batch); single calls time the launch and the copy
+    assert sum(n > 1 for n in calls) == 4  # one per (temperature, batch)
     for temperature in (0.0, 1.0):
         for batch in (1, 2):
             timed = [r for r in rows if (r["temperature"], r["batch"]) == (temperature, batch) and r["timing"]]

@@ -1,17 +1,21 @@
-"""The options every command shares (cli/options.py), the byte formatter and the ValueError -> exit 2 mapping."""
+"""The options every command shares (cli/options.py), the byte formatter, the free-memory reading and the
+ValueError -> exit 2 mapping."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
+import torch
 import typer
 from ckpt_factory import write_target_config
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app, options, render
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.devices import resolve_device, resolve_dtype
+from dspark_cli.runtime.devices import available_memory, resolve_device, resolve_dtype
 from dspark_cli.runtime.units import format_bytes
 
 runner = CliRunner()
@@ -113,6 +117,15 @@ def test_dtype_names():
     assert str(resolve_dtype("bf16", cpu)) == "torch.bfloat16"
     with pytest.raises(DsparkError, match=r"^--dtype must be auto, float32, bfloat16 or float16, got 'int8'\.$"):
         options.torch_dtype("int8", cpu)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_free_host_memory_is_in_bytes_for_a_device_name_or_object():
+    """bench passes "cpu", train a torch.device; both get the host's MemAvailable (kB in /proc) in bytes."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    by_name, by_device = available_memory("cpu"), available_memory(torch.device("cpu"))
+    assert total // 64 < by_name <= total
+    assert abs(by_name - by_device) < total // 64
 
 
 def test_bench_refuses_an_unknown_device():

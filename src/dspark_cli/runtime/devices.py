@@ -1,6 +1,9 @@
-"""Device and dtype names -> torch objects, one meaning for every command ("auto" picks CUDA when present)."""
+"""Device and dtype names -> torch objects, one meaning for every command ("auto" picks CUDA when present), and the
+memory a device has free."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -31,3 +34,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPE_NAMES:
         raise ValueError(f"must be auto, float32, bfloat16 or float16, got {name!r}")
     return DTYPE_NAMES[name]
+
+
+def available_memory(device: torch.device | str) -> int | None:
+    """Bytes free for new tensors on `device`: CUDA's free memory on a CUDA device, else the host's MemAvailable
+    (None: unknown)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None

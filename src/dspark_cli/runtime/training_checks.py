@@ -7,7 +7,6 @@ Every refusal is one sentence (DsparkError, exit 2) naming the value, the file o
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,24 +97,6 @@ def estimate_memory(target: dict, draft: dict, *, batch_size: int, seq_len: int,
     saved = layers * batch_size * keys * (6 * hidden + 3 * draft["intermediate_size"]) * 4
     return MemoryEstimate(target_params * weight_bytes, draft_params * 16,
                           target_states + logits + attention + saved)
-
-
-def available_memory(device) -> int | None:
-    """Free bytes on `device` (a torch.device): CUDA's free memory, else the host's MemAvailable."""
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_memory(estimate: MemoryEstimate, available: int | None, device) -> None:
@@ -288,6 +269,8 @@ def plan_draft(target_config: dict, tokenizer, shape: DraftShape, options: Train
 def check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
                             seq_len: int, data_tokens: int, device: torch.device) -> None:
     """The window and one step's memory; config: the draft's config.json as a dict (layer_types not needed)."""
+    from dspark_cli.runtime.devices import available_memory
+
     check_window(options.seq_len, seq_len, data_tokens, config["block_size"],
                  target_config.get("max_position_embeddings"))
     estimate = run_memory_estimate(target_config, config, shape, options, seq_len, device)
