@@ -43,10 +43,11 @@ import torch  # noqa: E402
 
 from dspark_cli.errors import DsparkError  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
+from dspark_cli.runtime.draft import DraftContext  # noqa: E402
 from dspark_cli.runtime.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block  # noqa: E402
+from dspark_cli.runtime.speculative import Drafter, draft_block  # noqa: E402
 
 TEXT_PROMPTS = [
     *DEMO_PROMPTS,

@@ -20,11 +20,11 @@ import torch
 from ckpt_factory import DraftSpec, write_draft
 
 from dspark_cli.runtime.demo import DEMO_DIR, DEMO_PROMPTS
-from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.draft import DraftContext, DSparkDraft
 from dspark_cli.runtime.pair import Pair
 from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import DraftContext, Drafter, draft_block
-from dspark_cli.runtime.training import build_blocks, draft_forward
+from dspark_cli.runtime.speculative import Drafter, draft_block
+from dspark_cli.runtime.training_loss import build_blocks, draft_forward
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_trace.json"
 TRACE_PROMPTS = (*DEMO_PROMPTS, "import os\nimport sys\n\n\ndef main(argv=None):\n",

@@ -13,10 +13,9 @@ import torch
 from ckpt_factory import DraftSpec, write_draft
 from pair_factory import bigram_draft, bigram_target
 
-from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.draft import DraftContext, DSparkDraft
 from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import (
-    DraftContext,
     Drafter,
     accept_block,
     autoregressive_generate,

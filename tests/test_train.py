@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.training import (DraftShape, TrainOptions, build_blocks, choose_mask_token,
-                                         default_target_layers, prepare_run, target_forward, train_loop)
+from dspark_cli.runtime.training import TrainOptions, train_loop
 from dspark_cli.runtime.training_data import collect_files, load_token_stream, read_documents
+from dspark_cli.runtime.training_draft import DraftShape, choose_mask_token, default_target_layers
+from dspark_cli.runtime.training_loss import BlockBatch, build_blocks, loss_sums, normalise, target_forward
+from dspark_cli.runtime.training_run import prepare_run
 
 CODE = '''def add(a, b):
     """Return the sum of a and b."""
@@ -66,6 +68,25 @@ def test_data_reads_text_jsonl_and_chat(tmp_path, tiny_pair):
     (tmp_path / "bad.jsonl").write_text('{"prompt": 1}\n')
     with pytest.raises(DsparkError, match="bad.jsonl:1"):
         read_documents([tmp_path / "bad.jsonl"])
+
+
+def test_loss_terms_on_known_distributions():
+    """One block of 3 slots: the draft equals the target at slots 0 and 2 and is disjoint from it at slot 1, so
+    L1 = [0, 2, 0], acceptance [1, 0, 1] and tau = 1 + 1 (the accepted prefix stops at slot 1)."""
+    target_ids, draft_ids = [1, 2, 3], [1, 0, 3]
+
+    def one_hot_logits(ids):  # [1, 1, 3, 4]: probability ~1 on each id
+        return torch.full((1, 1, 3, 4), -1e4).scatter(-1, torch.tensor(ids).view(1, 1, 3, 1), 0.0)
+
+    unused = torch.zeros(1, 1, 3, dtype=torch.long)  # loss_sums reads only labels and valid
+    blocks = BlockBatch(input_ids=unused[0], positions=unused[0], labels=torch.tensor([[draft_ids]]), prev_ids=unused,
+                        valid=torch.ones(1, 1, 3, dtype=torch.bool), target_index=unused,
+                        attn_mask=torch.ones(1, 3, 3, dtype=torch.bool))
+    options = TrainOptions(decay_gamma=0.0)  # equal weights
+    terms = normalise(loss_sums(one_hot_logits(draft_ids), one_hot_logits(target_ids), None, blocks, options), options)
+    assert terms.l1 == pytest.approx(2 / 3) and terms.ce == pytest.approx(0.0, abs=1e-4)
+    assert terms.accept == pytest.approx([1.0, 0.0, 1.0]) and terms.tau == pytest.approx(2.0)
+    assert terms.blocks == 1 and terms.value == pytest.approx(options.l1_alpha * 2 / 3, abs=1e-4)
 
 
 def test_block_layout_and_mask():
@@ -259,7 +280,7 @@ def test_demo_build_is_deterministic(tmp_path):
 ], ids=["default", "dflash", "trained-copies", "added-mask-row"])
 def test_memory_estimate_counts_the_trainable_parameters(tmp_path, tiny_pair, shape):
     """The estimate checked before allocating counts exactly the weights the optimizer will hold."""
-    from dspark_cli.runtime.training import trainable_parameters
+    from dspark_cli.runtime.training_draft import trainable_parameters
     from dspark_cli.runtime.training_checks import run_memory_estimate
 
     target_dir, data = tiny_pair

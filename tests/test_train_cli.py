@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
-from dspark_cli.runtime import training
+from dspark_cli.runtime import training_run
 
 runner = CliRunner()
 CODE = "def add(a, b):\n    return a + b\n\n\nclass Counter:\n    def increment(self, step=1):\n        return step\n"
@@ -112,7 +112,7 @@ def no_target_weights(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the target was loaded before the refusal")
 
-    monkeypatch.setattr(training, "load_target_model", refuse)
+    monkeypatch.setattr(training_run, "load_target_model", refuse)
 
 
 BAD_VALUES = [

@@ -102,8 +102,9 @@ def train(
 
     from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
     from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import DraftShape, TrainOptions
+    from dspark_cli.runtime.training import TrainOptions
     from dspark_cli.runtime.training_checks import checkpoint_shape
+    from dspark_cli.runtime.training_draft import DraftShape
     from dspark_cli.runtime.training_dist import torch_distributed_error
 
     hf_logging.disable_progress_bar()
@@ -152,7 +153,8 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
     from dataclasses import asdict
 
     from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import prepare_run, train_loop
+    from dspark_cli.runtime.training import train_loop
+    from dspark_cli.runtime.training_run import prepare_run
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,

@@ -12,7 +12,6 @@ from typing import Any
 
 from dspark_cli.errors import DsparkError
 
-DSPARK_ARCHITECTURES = {"Qwen3DSparkModel", "DSparkDraftModel"}
 DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
 OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel",
                          "DSparkV41DraftModel"}
@@ -64,8 +63,6 @@ class DraftConfig:
     rms_norm_eps: float
     rope_theta: float
     attention_bias: bool
-    max_position_embeddings: int | None
-    hidden_act: str
     mask_token: Resolved
     target_layer_ids: Resolved  # 0-based target layers whose outputs are used (HF hidden_states[id + 1])
     block_size: Resolved
@@ -79,7 +76,6 @@ class DraftConfig:
     use_aux_hidden_state: bool
     num_target_layers: int | None
     dspark_draft_topk: int | None
-    notes: list[str] = field(default_factory=list)  # how ambiguous keys were read
     format: str = "unknown"  # a key of FORMAT_NAMES
     vllm_config: dict[str, Any] = field(default_factory=dict)  # the config as vLLM sees it after its adapters
     nested_only: tuple[str, ...] = ()  # SPECFORGE_HOISTED_KEYS found only under dflash_config (vLLM misses them)
@@ -142,8 +138,6 @@ class DraftConfig:
             rms_norm_eps=_float(view.get("rms_norm_eps"), 1e-6),
             rope_theta=_rope_theta(view),
             attention_bias=bool(view.get("attention_bias", False)),
-            max_position_embeddings=_int(view.get("max_position_embeddings")),
-            hidden_act=str(view.get("hidden_act", "silu")),
             mask_token=resolve_mask_token(view),
             target_layer_ids=resolve_target_layer_ids(view),
             block_size=resolve_block_size(view),

@@ -20,10 +20,10 @@ from typing import Callable
 import torch
 
 from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer, evaluate_lm, train_causal_lm
-from dspark_cli.runtime.training import (DraftShape, DraftTrainer, TrainOptions, new_draft, save_final,
-                                         train_lockstep)
+from dspark_cli.runtime.training import DraftTrainer, TrainOptions, save_final, train_lockstep
 from dspark_cli.runtime.training_data import (SequenceBank, TokenStream, split_held_out, stdlib_sources,
                                               tokenize_stream)
+from dspark_cli.runtime.training_draft import DraftShape, new_draft
 
 Log = Callable[[str], None]
 STAGE_FILE = "stage.json"

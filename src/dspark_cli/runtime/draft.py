@@ -1,14 +1,14 @@
-"""DSparkDraft: the DSpark / DFlash draft model, loaded by its DeepSpec tensor names (docs/format.md §1.2, §2).
+"""DSparkDraft: the DSpark / DFlash draft model, and DraftContext, its context K/V cache during generation.
 
 One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
 input_layernorm), then the query block attends to all context and, non-causally, to itself through Qwen3 decoder
 layers and the final `norm`. The Markov head (`markov_w1` [V, r], `markov_w2` [Vd, r]) and the confidence head are
-exposed as separate pieces: the sequential stage lives in `runtime/markov.py`.
+exposed as separate pieces: the sequential stage lives in `runtime/markov.py`. Loading by the DeepSpec tensor names
+(docs/format.md §1.2, §2) and saving are in `runtime/draft_io.py`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint import Checkpoint, open_checkpoint
+from dspark_cli.runtime.checkpoint import Checkpoint
 from dspark_cli.runtime.config import DraftConfig
-from dspark_cli.runtime.layout import IGNORED_BY_VLLM, MARKOV_W2, canonical_name
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
 
@@ -205,109 +204,26 @@ class DSparkDraft(nn.Module):
             x = torch.cat([x, embed.float()], dim=-1)
         return self.confidence_head.proj(x).squeeze(-1)
 
-    # --- loading and saving -----------------------------------------------------------------------------------
+    # --- loading and saving (runtime/draft_io.py) --------------------------------------------------------------
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        source: str | os.PathLike | Checkpoint,
-        *,
-        target_embed: torch.Tensor | None = None,
-        target_lm_head: torch.Tensor | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-    ) -> "DSparkDraft":
+    def from_checkpoint(cls, source: str | os.PathLike | Checkpoint, *, target_embed: torch.Tensor | None = None,
+                        target_lm_head: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "DSparkDraft":
         """Load a DeepSpec/vLLM-format draft; missing embed_tokens / lm_head are shared from the target's."""
-        ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source)
-        config = DraftConfig.from_dict(ckpt.config)
-        config.require_runnable(ckpt.source)
-        names = {canonical_name(name): name for name in ckpt.tensors if not name.startswith(IGNORED_BY_VLLM)}
-        if config.enable_confidence_head and not any(n.startswith("confidence_head.") for n in names):
-            config.enable_confidence_head = False  # vLLM silently drops a head without weights; so do we
-        with torch.device("meta"):
-            model = cls(config)
-        model = model.to_empty(device=device)
-        model._load_tensors(ckpt, names, target_embed, target_lm_head, dtype, device)
-        model.to(dtype)
-        if model.confidence_head is not None:
-            model.confidence_head.float()  # vLLM holds the confidence head in fp32
-        return model.eval()
+        from dspark_cli.runtime.draft_io import load_draft
 
-    def _load_tensors(self, ckpt, names, target_embed, target_lm_head, dtype, device) -> None:
-        params = dict(self.named_parameters())
-        nvfp4 = {}
-        for canonical, stored in names.items():
-            if canonical.startswith("markov_head.markov_w2.") and (
-                canonical != MARKOV_W2 or ckpt.tensors[stored].dtype == "U8"
-            ):
-                nvfp4[canonical.rsplit(".", 1)[-1]] = ckpt.load_tensor(stored)
-                continue
-            if canonical == "d2t":
-                self.d2t = ckpt.load_tensor(stored).to(device=device, dtype=torch.long)
-                continue
-            if canonical not in params:
-                raise DsparkError(f"{ckpt.source}: unexpected tensor {stored!r}; run `dspark validate` on it.")
-            tensor = ckpt.load_tensor(stored)
-            if tuple(tensor.shape) != tuple(params[canonical].shape):
-                raise DsparkError(f"{ckpt.source}: tensor {stored!r} has shape {list(tensor.shape)} but the config "
-                                  f"implies {list(params[canonical].shape)}; run `dspark validate` on it.")
-            with torch.no_grad():
-                params[canonical].copy_(tensor.to(dtype))
-        if nvfp4:
-            self._load_nvfp4_w2(nvfp4, ckpt.source, dtype, device)
-        self._share_from_target(names, "embed_tokens.weight", target_embed, ckpt.source, dtype)
-        self._share_from_target(names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
-        loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
-        if nvfp4:
-            loaded.add(MARKOV_W2)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise DsparkError(f"{ckpt.source}: required tensor {missing[0]!r} is missing"
-                              f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
-                              "run `dspark validate` on it.")
-
-    def _load_nvfp4_w2(self, parts: dict[str, torch.Tensor], source: str, dtype, device) -> None:
-        from dspark_cli.kernels.nvfp4 import NVFP4Weight, dequantize_nvfp4
-
-        if set(parts) != {"weight", "weight_scale", "weight_scale_2"}:
-            raise DsparkError(f"{source}: the NVFP4 markov_w2 needs weight, weight_scale and weight_scale_2; found "
-                              f"{sorted(parts)}; re-run `dspark quantize`.")
-        self.w2_nvfp4 = NVFP4Weight(
-            packed=parts["weight"].to(device),
-            scale=parts["weight_scale"].to(device),
-            global_scale=parts["weight_scale_2"].to(device=device, dtype=torch.float32).reshape(()),
-        )
-        dense = dequantize_nvfp4(self.w2_nvfp4, torch.float32)  # [Vd, r]
-        w2 = self.markov_head.markov_w2.weight
-        if tuple(dense.shape) != tuple(w2.shape):
-            raise DsparkError(f"{source}: the NVFP4 markov_w2 dequantizes to {list(dense.shape)} but the config "
-                              f"implies {list(w2.shape)}; run `dspark validate` on it.")
-        with torch.no_grad():
-            w2.copy_(dense.to(dtype))
-
-    def _share_from_target(self, names, name: str, weight: torch.Tensor | None, source: str, dtype) -> None:
-        if name in names:
-            return
-        module = self.embed_tokens if name.startswith("embed") else self.lm_head
-        if weight is None:
-            raise DsparkError(f"{source} has no {name!r}; pass the target model so the draft can share its "
-                              f"{name.split('.')[0]}.")
-        if tuple(weight.shape) != tuple(module.weight.shape):
-            what = "input vocab_size" if name.startswith("embed") else "draft_vocab_size"
-            raise DsparkError(f"{source} shares {name!r} from the target, but the target's is {list(weight.shape)} "
-                              f"and the draft's {what} needs {list(module.weight.shape)}; the pair is incompatible.")
-        module.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
-        if name.startswith("embed"):
-            self.shares_embed = True
-        else:
-            self.shares_lm_head = True
+        return load_draft(source, target_embed=target_embed, target_lm_head=target_lm_head, dtype=dtype,
+                          device=device)
 
     def tie_to_target(self, embed_weight: torch.Tensor | None, lm_head_weight: torch.Tensor | None) -> None:
         """Use the target's (frozen) embedding and lm_head, as DeepSpec trains and vLLM serves by default."""
+        from dspark_cli.runtime.draft_io import share_from_target
+
         if embed_weight is not None:
-            self._share_from_target({}, "embed_tokens.weight", embed_weight, "draft", self.lm_head.weight.dtype)
+            share_from_target(self, {}, "embed_tokens.weight", embed_weight, "draft", self.lm_head.weight.dtype)
         if lm_head_weight is not None:
-            self._share_from_target({}, "lm_head.weight", lm_head_weight, "draft", self.lm_head.weight.dtype)
+            share_from_target(self, {}, "lm_head.weight", lm_head_weight, "draft", self.lm_head.weight.dtype)
 
     def state_for_save(self, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False) -> dict:
         """DeepSpec-format tensors (names as on disk); shared target weights only if asked."""
@@ -324,25 +240,55 @@ class DSparkDraft(nn.Module):
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False,
              extra_config: dict[str, Any] | None = None) -> Path:
         """Write config.json + model.safetensors atomically (replacing `path`)."""
-        from dspark_cli.runtime.files import atomic_output_dir
+        from dspark_cli.runtime.draft_io import save_draft
 
-        path = Path(path)
-        with atomic_output_dir(path, force=True) as tmp:
-            self.write_files(tmp, dtype, include_shared, extra_config)
-        return path
+        return save_draft(self, path, dtype, include_shared, extra_config)
 
-    def write_files(self, folder: Path, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False,
-                    extra_config: dict[str, Any] | None = None) -> None:
-        """Write config.json + model.safetensors into the existing `folder` (callers make it atomic)."""
-        import json
 
-        from safetensors.torch import save_file
+class DraftContext:
+    """The draft's context cache for one sequence: K/V of positions 0..length-1 per draft layer, in buffers
+    that grow by doubling, plus the position ids 0..capacity-1 that the context and query blocks slice.
 
-        config = {**self.config.raw, **(extra_config or {}), "torch_dtype": str(dtype).removeprefix("torch.")}
-        config.pop("quantization_config", None)
-        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(self.state_for_save(dtype, include_shared), str(folder / "model.safetensors"),
-                  metadata={"format": "pt"})
+    Owned by one speculative_generate call: filled at prefill, extended only by the advance step, so that
+    `length` always equals the target cache length (the committed positions whose features are known)."""
 
-    def num_parameters(self) -> int:
-        return sum(math.prod(p.shape) for p in self.parameters())
+    def __init__(self, draft: DSparkDraft, capacity: int):
+        config, weight = draft.config, draft.fc.weight
+        shape = (1, config.num_key_value_heads, max(capacity, 1), config.head_dim)
+        self.keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in draft.layers]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        self.positions = torch.arange(shape[2], device=weight.device)  # [capacity]
+        self.length = 0
+
+    def append(self, draft: DSparkDraft, features: torch.Tensor) -> None:
+        """Project the target features of the next T positions and store their K/V. [T, n*Ht] -> cache."""
+        count = features.shape[0]
+        end = self.length + count
+        positions = self.position_ids(self.length, count)  # [1, T]
+        with torch.inference_mode():
+            new_kv = draft.context_kv(draft.project_context(features[None]), positions)  # layers x [1, kvh, T, D]
+        for keys, values, (k, v) in zip(self.keys, self.values, new_kv):
+            keys[:, :, self.length : end] = k
+            values[:, :, self.length : end] = v
+        self.length = end
+
+    def position_ids(self, start: int, count: int) -> torch.Tensor:
+        """[1, count] int64 positions start..start+count-1 (a view; the buffers grow when they would overflow)."""
+        if start + count > self.positions.shape[0]:
+            self._grow(2 * (start + count))
+        return self.positions[None, start : start + count]
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) [1, kv_heads, length, head_dim] views."""
+        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
+
+    @torch.inference_mode(False)  # normal tensors, writable in and outside inference mode (as in __init__)
+    def _grow(self, capacity: int) -> None:
+        def grown(buffer: torch.Tensor) -> torch.Tensor:
+            bigger = buffer.new_empty(*buffer.shape[:2], capacity, buffer.shape[3])
+            bigger[:, :, : self.length] = buffer[:, :, : self.length]
+            return bigger
+
+        self.keys = [grown(k) for k in self.keys]
+        self.values = [grown(v) for v in self.values]
+        self.positions = torch.arange(capacity, device=self.positions.device)

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 
 from dspark_cli.runtime import sampling
+from dspark_cli.runtime.draft import DraftContext
 from dspark_cli.runtime.markov import MarkovWeights, choose_strategy, markov_walk
 from dspark_cli.runtime.metrics import GenerationStats, RoundRecord
 from dspark_cli.runtime.sampling import SamplingParams
@@ -55,55 +56,6 @@ def max_block_size(config) -> int | None:
     if trained is None:
         return None
     return trained if config.sample_from_anchor else trained - 1
-
-
-class DraftContext:
-    """The draft's context cache for one sequence: K/V of positions 0..length-1 per draft layer, in buffers
-    that grow by doubling, plus the position ids 0..capacity-1 that the context and query blocks slice.
-
-    Owned by one speculative_generate call: filled at prefill, extended only by the advance step, so that
-    `length` always equals the target cache length (the committed positions whose features are known)."""
-
-    def __init__(self, draft, capacity: int):
-        config, weight = draft.config, draft.fc.weight
-        shape = (1, config.num_key_value_heads, max(capacity, 1), config.head_dim)
-        self.keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in draft.layers]
-        self.values = [torch.empty_like(k) for k in self.keys]
-        self.positions = torch.arange(shape[2], device=weight.device)  # [capacity]
-        self.length = 0
-
-    def append(self, draft, features: torch.Tensor) -> None:
-        """Project the target features of the next T positions and store their K/V. [T, n*Ht] -> cache."""
-        count = features.shape[0]
-        end = self.length + count
-        positions = self.position_ids(self.length, count)  # [1, T]
-        with torch.inference_mode():
-            new_kv = draft.context_kv(draft.project_context(features[None]), positions)  # layers x [1, kvh, T, D]
-        for keys, values, (k, v) in zip(self.keys, self.values, new_kv):
-            keys[:, :, self.length : end] = k
-            values[:, :, self.length : end] = v
-        self.length = end
-
-    def position_ids(self, start: int, count: int) -> torch.Tensor:
-        """[1, count] int64 positions start..start+count-1 (a view; the buffers grow when they would overflow)."""
-        if start + count > self.positions.shape[0]:
-            self._grow(2 * (start + count))
-        return self.positions[None, start : start + count]
-
-    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (k, v) [1, kv_heads, length, head_dim] views."""
-        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
-
-    @torch.inference_mode(False)  # normal tensors, writable in and outside inference mode (as in __init__)
-    def _grow(self, capacity: int) -> None:
-        def grown(buffer: torch.Tensor) -> torch.Tensor:
-            bigger = buffer.new_empty(*buffer.shape[:2], capacity, buffer.shape[3])
-            bigger[:, :, : self.length] = buffer[:, :, : self.length]
-            return bigger
-
-        self.keys = [grown(k) for k in self.keys]
-        self.values = [grown(v) for v in self.values]
-        self.positions = torch.arange(capacity, device=self.positions.device)
 
 
 @dataclass

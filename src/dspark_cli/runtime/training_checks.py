@@ -17,7 +17,8 @@ from dspark_cli.runtime.units import format_bytes
 if TYPE_CHECKING:
     import torch
 
-    from dspark_cli.runtime.training import DraftShape, DraftTrainer, TrainOptions
+    from dspark_cli.runtime.training import DraftTrainer, TrainOptions
+    from dspark_cli.runtime.training_draft import DraftShape
 
 TRAINER_STATE = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -231,7 +232,7 @@ def _count(value) -> bool:
 def checkpoint_shape(folder: Path):
     """The DraftShape a checkpoint folder was trained with, from its config.json (for options a resumed run
     does not pin)."""
-    from dspark_cli.runtime.training import DraftShape
+    from dspark_cli.runtime.training_draft import DraftShape
 
     config = read_json_object(_resume_folder(folder) / "config.json", REDO)
     ids = config.get("target_layer_ids")
@@ -250,7 +251,7 @@ def plan_draft(target_config: dict, tokenizer, shape: DraftShape, options: Train
                data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
     """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
     once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
-    from dspark_cli.runtime.training import choose_mask_token, draft_config_dict, draft_target_layers
+    from dspark_cli.runtime.training_draft import choose_mask_token, draft_config_dict, draft_target_layers
 
     anchors = options.anchors_per_sequence(seq_len)
     if point is not None:
