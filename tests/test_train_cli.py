@@ -255,3 +255,13 @@ def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_w
     (tmp_path / "weights.bin").write_bytes(b"\x00\x01" * 100)
     one_sentence_error(run(tmp_path / "weights.bin"), "weights.bin is a binary file")
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_other_trainable_copies_is_refused(pair, tmp_path):
+    """A checkpoint trained with its own lm_head copy cannot resume without it (the state would not match)."""
+    first = train(pair, tmp_path / "a", "--save-every", "2", "--train-lm-head")
+    assert first.exit_code == 0, first.output
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    one_sentence_error(resume(pair, tmp_path / "b", checkpoint), "other --train-embeddings / --train-lm-head flags")
+    resumed = resume(pair, tmp_path / "c", checkpoint, "--train-lm-head")
+    assert resumed.exit_code == 0, resumed.output
