@@ -1,15 +1,14 @@
 """The repository is self-contained: it cites only its own files (issue 12, item 6).
 
-Background notes the project was built from live outside the repository; their facts are in `docs/` in the
-project's own words (docs/format.md, docs/formats-other.md, docs/nvfp4.md, docs/deepspec.md,
-docs/environment.md). Checked here, per tracked text file:
+The facts a reader needs are in `docs/` in the project's own words. Checked here, per tracked text file:
 
-- no path into the background folder (`../shared`, `/work/shared`, a path starting `shared/`);
-- no background file name (`dspark-format.md`, `deepspec-inference.md`, `other-formats.md`, `DESIGN.md`,
-  `nvfp4.md`, `environment.md`, ...) unless it is written `docs/<name>` and that file exists;
+- every `<name>.md` it cites (a name followed by `§` or `#anchor`; in Markdown prose, any name outside code
+  spans) is a file of the repository, written as its path from the repository root or, inside docs/, as a
+  sibling page: a note that lives elsewhere cannot be cited;
 - every `docs/<page>.md` mention names an existing page, its `#anchor` a heading of that page, and its
   `§N.M` section numbers headings of that page;
-- every relative Markdown link in README.md and docs/*.md resolves, anchors included.
+- in README.md and docs/*.md, every relative Markdown link resolves, anchors included, and no relative path
+  (`../x`) leads out of the repository.
 """
 
 from __future__ import annotations
@@ -24,15 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 THIS_FILE = "tests/test_self_contained.py"
 
-BACKGROUND_PATHS = re.compile(r"\.\./shared\b|/work/shared\b|(?<![\w./-])shared/")
-BACKGROUND_NAMES = (
-    "dspark-format.md",
-    "deepspec-inference.md",
-    "other-formats.md",
-    "DESIGN.md",
-    "nvfp4.md",
-    "environment.md",
-)
+MD_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.md)\b")  # a .md name, with the path before it
+CITED_MD = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.md)`?(?=\s*\(?§|#[\w-])")  # x.md §1, x.md#a
+UP_PATH = re.compile(r"(?<![.\w])((?:\.\./)+[\w.-][\w./-]*)")  # ../x, ../../x (not the ellipsis .../x)
 SECTIONS = r"(?:\s*(?:,|and)?\s*§\s*\d[\d.]*(?:\s*[–-]\s*§?\s*\d[\d.]*)?)*"  # "§1.2, §4.2", "§1.1–1.2", "§4–5"
 DOCS_MENTION = re.compile(rf"\bdocs/([\w.-]+\.md)(#[\w-]+)?({SECTIONS})")
 SECTION_NUMBER = re.compile(r"\d+(?:\.\d+)*")
@@ -98,18 +91,26 @@ def section_numbers(page: Path) -> set[str]:
     return numbers
 
 
-def background_mentions(relative: str, text: str) -> list[str]:
-    """Each line that points outside the repository."""
+def outside_mentions(relative: str, text: str) -> list[str]:
+    """Each citation of a `.md` page that is not a file of the repository: everywhere, a name followed by `§` or
+    `#anchor`; in Markdown prose (outside code blocks), every `.md` name outside `code spans`, and every `../` path leading out."""
     problems = []
+    folder = (ROOT / relative).parent
+    prose = relative.endswith(".md")
+    in_code = False
     for number, line in enumerate(text.splitlines(), 1):
-        if BACKGROUND_PATHS.search(line):
-            problems.append(f"{relative}:{number}: path into the background folder: {line.strip()}")
-        for name in BACKGROUND_NAMES:
-            for match in re.finditer(re.escape(name), line):
-                before = line[: match.start()]
-                in_docs = before.endswith("docs/") or (relative.startswith("docs/") and before.endswith("]("))
-                if not (in_docs and (ROOT / "docs" / name).is_file()):
-                    problems.append(f"{relative}:{number}: cites {name}, which is not a page in docs/: {line.strip()}")
+        if prose and line.startswith("```"):
+            in_code = not in_code
+        names = CITED_MD.findall(line)
+        if prose and not in_code:  # every .md name of the prose; `code spans` may name other projects' files
+            names += MD_NAME.findall(re.sub(r"`[^`]*`", "", line))
+        for name in names:
+            if not ((ROOT / name).is_file() or (relative.startswith("docs/") and (folder / name).is_file())):
+                problems.append(f"{relative}:{number}: cites {name}, which is not a file of the repository")
+        for path in UP_PATH.findall(line) if prose and not in_code else ():
+            resolved = (folder / path).resolve()
+            if resolved != ROOT and ROOT not in resolved.parents:
+                problems.append(f"{relative}:{number}: {path} leads out of the repository")
     return problems
 
 
@@ -151,7 +152,7 @@ def markdown_links(relative: str, text: str) -> list[str]:
 
 def problems_in(relative: str) -> list[str]:
     text = read_text(relative) or ""
-    problems = background_mentions(relative, text) + docs_mentions(relative, text)
+    problems = outside_mentions(relative, text) + docs_mentions(relative, text)
     if relative == "README.md" or (relative.startswith("docs/") and relative.endswith(".md")):
         problems += markdown_links(relative, text)
     return problems
@@ -166,19 +167,20 @@ def test_file_cites_only_the_repository(relative):
 def test_checks_catch_each_kind_of_outside_citation(tmp_path):
     """The checks themselves: each kind of bad citation is reported, good ones are not."""
     bad = [
-        "see ../shared/docs/dspark-format.md §1.2",
-        "facts in /work/shared/DESIGN.md",
-        "seed listing in `shared/seeds/`",
-        "(deepspec-inference.md §2)",
-        "(other-formats.md §5)",
-        "docs/deepspec-inference.md",
-        "nvfp4.md §7 measured",
+        "see notes/checkpoint-format.md §1.2",
+        "(inference-notes.md §2)",
+        "`nvfp4-notes.md` §4.1",
+        "kernels.md §3 (a docs page cited without its path from the root)",
     ]
     for line in bad:
-        assert background_mentions("src/x.py", line), line
-    good = ["docs/format.md §2.2", "docs/nvfp4.md §7", "docs/environment.md §4", "a shared buffer", "shared by 2-4"]
+        assert outside_mentions("src/x.py", line), line
+    good = ["docs/format.md §2.2", "docs/nvfp4.md §7", "README.md", "a .md file", "docs/development.md §4"]
     for line in good:
-        assert not background_mentions("src/x.py", line), line
+        assert not outside_mentions("src/x.py", line), line
+    assert not outside_mentions("docs/quantize.md", "see kernels.md and [x](../README.md)")  # sibling pages
+    assert outside_mentions("docs/quantize.md", "the notes in other-notes.md")
+    assert not outside_mentions("docs/quantize.md", "their `docs/guide.md` and --markdown `table.md`")
+    assert outside_mentions("docs/quantize.md", "the notes in ../../notes/format")
     assert docs_mentions("src/x.py", "docs/format.md §2.2, §4.3 and docs/kernels.md") == []
     assert docs_mentions("src/x.py", "docs/format.md §9.9")
     assert docs_mentions("src/x.py", "docs/format.md §1.1–1.9")

@@ -12,7 +12,7 @@ That equals HF `output_hidden_states[i]` except for i = L, where transformers st
 output instead; DeepSpec's target cache and vLLM's aux capture both use the raw layer output, so dspark
 does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
-transformers 5.x portability (docs/environment.md §4): the cache kwarg is `cache` from 5.24 and
+transformers 5.x portability (docs/development.md §4): the cache kwarg is `cache` from 5.24 and
 `past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
 is rejected by 5.24), so `crop` always passes one.
 """
