@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import render
+from dspark_cli.cli import options, render
 from dspark_cli.errors import EXIT_INTERRUPTED
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
@@ -49,10 +49,10 @@ def eval_command(
     confidence_rule: str = typer.Option("survival", "--confidence-rule", help="survival: keep positions while "
                                         "prod(c_i) >= X (vLLM); per-slot: cut at the first c_j < X (DeepSpec)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly: tokens/s and speedup."),
-    seed: int = typer.Option(0, "--seed", help="Prompt i of a set draws with seed + i (DeepSpec)."),
+    seed: options.seed("Prompt i of a set draws with seed + i (DeepSpec); the seed itself") = 0,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Tokens per prompt."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16."),
+    device: options.device() = "auto",
+    dtype: options.dtype() = "auto",
     json_path: Optional[Path] = typer.Option(None, "--json", help="Run file: every number and every round, saved "
                                              "atomically after each prompt."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown."),

@@ -10,15 +10,12 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from dspark_cli.cli import render
+from dspark_cli.cli import options, render
 
 HELP = """Generate text with a target model and a DSpark draft (speculative decoding, lossless), stream it,
 and report tau (incl. bonus), per-position acceptance, confidence calibration, timings and, with --baseline,
 the speedup over plain decoding of the same target in the same run. Without --target/--draft the demo pair
 shipped in the package is used. docs/generate.md describes the algorithm and every figure."""
-
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-
 
 def register(app: typer.Typer) -> None:
     app.command("generate", help=HELP)(generate)
@@ -50,16 +47,13 @@ def generate(
                                         "template (default: when it has one)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly with the target and report the "
                                   "speedup (and, when greedy, any divergence)."),
-    seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Seed of every random draw (reproducible "
-                             "runs; 0 to 2^64 - 1)."),
-    device: str = typer.Option("auto", "--device", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, "
-                              "bfloat16 or float16."),
+    seed: options.seed("Seed of every random draw (reproducible runs)") = 0,
+    device: options.device() = "auto",
+    dtype: options.dtype() = "auto",
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: 1 for "
                                           "models under 100 M parameters, whose small matmuls do not scale; else "
                                           "the cores the load average shows idle)."),
-    json_path: Optional[str] = typer.Option(None, "--json", help="Write every number to this JSON file ('-' = "
-                                            "stdout; the streamed text then goes to stderr)."),
+    json_path: options.json_path("every number (with '-', the streamed text goes to stderr)") = None,
 ) -> None:
     from dspark_cli.cli.generate_report import Settings, json_document, print_report
     from dspark_cli.errors import DsparkError
@@ -70,7 +64,7 @@ def generate(
     from dspark_cli.runtime.sampling import SamplingParams
     from dspark_cli.runtime.threads import set_threads
 
-    out = render.err_console if json_path == "-" else render.console
+    out = render.err_console if options.to_stdout(json_path) else render.console
     if (target is None) != (draft is None):
         raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
     texts = _prompt_texts(prompt, prompts) or (list(DEMO_PROMPTS) if target is None else [])

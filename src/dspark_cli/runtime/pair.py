@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 import torch
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.markov import STRATEGIES, MarkovWeights, choose_strategy
 from dspark_cli.runtime.sampling import SamplingParams
 from dspark_cli.runtime.speculative import (
@@ -34,33 +35,21 @@ from dspark_cli.runtime.speculative import (
 )
 
 MARKOV_CHOICES = ("auto", *STRATEGIES)
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
 GREEDY = SamplingParams()
 
 # --- device, dtype, tokenizer ----------------------------------------------------------------------------------
 
 
-def resolve_device(name: str) -> torch.device:
-    """auto (cuda if available, else cpu), cpu, cuda or cuda:N; DsparkError for anything else or absent CUDA."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """devices.resolve_device / resolve_dtype, their ValueError as one sentence naming the option."""
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise DsparkError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DsparkError(f"--device {name}: CUDA is not available here; use --device cpu.")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto (bfloat16 on CUDA, float32 elsewhere) or one of DTYPES' names."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise DsparkError(f"--dtype must be auto, float32, bfloat16 or float16, got {name!r}.")
-    return getattr(torch, DTYPES[name])
+        torch_device = resolve_device(device)
+    except ValueError as error:
+        raise DsparkError(f"--device {error}.") from None
+    try:
+        return torch_device, resolve_dtype(dtype, torch_device)
+    except ValueError as error:
+        raise DsparkError(f"--dtype {error}.") from None
 
 
 def load_tokenizer(target: str):
@@ -295,8 +284,7 @@ class Pair:
             raise DsparkError(f"--confidence-threshold must be in (0, 1], got {confidence_threshold}.")
         if markov not in MARKOV_CHOICES:
             raise DsparkError(f"--markov must be one of {', '.join(MARKOV_CHOICES)}, got {markov!r}.")
-        torch_device = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, torch_device)
+        torch_device, torch_dtype = _device_and_dtype(device, dtype)
         require_utf8_path(target, "--target")
         require_utf8_path(draft, "--draft")
         ckpt = open_checkpoint(draft)  # headers only
