@@ -180,7 +180,7 @@ def main() -> None:
         for number, (engine, env) in enumerate(runs):
             out = Path(tmp) / f"out-{number}"
             command = [sys.executable, "-m", "dspark_cli", "quantize", str(source), "-o", str(out), "--engine", engine,
-                       "--json"]
+                       "--json", "-"]
             wall, cpu, peak_mb, stdout = run_child(command, env)
             report = json.loads(stdout)
             bias = report["bias"]

@@ -191,7 +191,7 @@ def hostile_headers(runs: int) -> None:
             code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); from pathlib import Path; "
                     f"import bench_validate as b; print(b.write_hostile_draft(Path({str(folder)!r}), {entries}))")
             header = int(run_cli([sys.executable, "-c", code]).stdout)
-            for extra in ([], ["--json"]):
+            for extra in ([], ["--json", "-"]):
                 args = [dspark, "validate", str(folder), *extra]
                 measured = [run_measured(args) for _ in range(runs)]
                 code, wall, rss = (statistics.median(column) for column in zip(*measured))
@@ -239,7 +239,7 @@ def main() -> None:
 
         library = median_time(library_headers, args.runs)
         dspark = shutil.which("dspark", path=str(Path(sys.executable).parent)) or "dspark"
-        cli_args = [dspark, "validate", str(folder), "--target", str(folder / "target"), "--json"]
+        cli_args = [dspark, "validate", str(folder), "--target", str(folder / "target"), "--json", "-"]
         done = run_cli(cli_args)
         assert done.returncode == 0 and json.loads(done.stdout)["exit_code"] == 0, done.stderr
         cli = median_time(lambda: run_cli(cli_args), args.runs)

@@ -65,11 +65,31 @@ def main() -> None:
     (args.work / "build_report.json").write_text(report_json(report))
     for path in [staging, *staging.rglob("*")]:  # plain readable files and folders for packaging
         path.chmod(0o755 if path.is_dir() else 0o644)
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    staging.rename(args.out)
+    publish(staging, args.out)
     print(f"demo pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, all stages "
           f"{sum(report.seconds.values()) / 60:.1f} min")
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Move what the build wrote (target/, draft/, MODEL_CARD.md) from `staging` into `out`, one entry at a time,
+    each old one moved aside first and deleted last; anything else in `out` (the eval prompt sets) is kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(staging.iterdir()):
+        destination = out / entry.name
+        old = out / f".{entry.name}.old"
+        remove(old)  # left by an interrupted earlier run
+        if destination.exists():
+            destination.rename(old)
+        entry.rename(destination)
+        remove(old)
+    staging.rmdir()
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 if __name__ == "__main__":

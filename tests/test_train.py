@@ -271,6 +271,27 @@ def test_demo_build_is_deterministic(tmp_path):
         tmp_path / "work1/dflash_draft/model.safetensors").read_bytes()
 
 
+def test_build_script_replaces_the_pair_and_keeps_the_other_demo_files(tmp_path):
+    """scripts/build_demo.py publishes target/, draft/ and MODEL_CARD.md into the demo folder and leaves the prompt
+    sets that live beside them (and anything else there) alone, even after an interrupted earlier publish."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_demo", Path(__file__).parents[1] / "scripts/build_demo.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, staging = tmp_path / "demo", tmp_path / ".demo.building"
+    for folder, text in ((out, "old"), (staging, "new")):
+        (folder / "target").mkdir(parents=True)
+        (folder / "target" / "config.json").write_text(text)
+        (folder / "MODEL_CARD.md").write_text(text)
+    (out / "eval_code.jsonl").write_text("prompts")
+    (out / ".target.old").mkdir()  # a stale leftover
+    script.publish(staging, out)
+    assert sorted(p.name for p in out.iterdir()) == ["MODEL_CARD.md", "eval_code.jsonl", "target"]
+    assert (out / "target/config.json").read_text() == (out / "MODEL_CARD.md").read_text() == "new"
+    assert (out / "eval_code.jsonl").read_text() == "prompts" and not staging.exists()
+
+
 @pytest.mark.parametrize("shape", [
     SHAPE,
     DraftShape(layers=2, block_size=4, markov_rank=0, confidence=False),
