@@ -4,6 +4,7 @@ resume, and every refusal (one sentence, exit 2, nothing allocated or written)."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,21 @@ def test_corrupted_resume_checkpoint_is_one_sentence(pair, tmp_path_factory, tmp
     assert not (tmp_path / "out").exists()
 
 
+def test_a_runaway_chat_template_is_stopped_with_one_sentence(pair, tmp_path, monkeypatch, no_target_weights):
+    from dspark_cli.runtime import chat as chat_module
+
+    monkeypatch.setattr(chat_module, "CHAT_TEMPLATE_SECONDS", 0.5)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (tmp_path / "spin.jinja").write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                         "{% endfor %}")
+    started = time.monotonic()
+    result = runner.invoke(app, ["train", "--target", str(pair[0]), "--data", str(chat), "--chat-template",
+                                 str(tmp_path / "spin.jinja"), "-o", str(tmp_path / "out"), *TINY])
+    one_sentence_error(result, "chat.jsonl:1: the chat template was still rendering after 0.5 s")
+    assert time.monotonic() - started < 30 and not (tmp_path / "out").exists()
+
+
 def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_weights):
     target = str(pair[0])
     chat = tmp_path / "chat.jsonl"
@@ -240,9 +256,9 @@ def test_chat_template_and_data_errors_name_the_file(pair, tmp_path, no_target_w
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "latin1.jinja")), "latin1.jinja is not UTF-8")
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
     one_sentence_error(run(chat, "--chat-template", str(tmp_path / "broken.jinja")), "chat.jsonl:1",
-                       "the chat template failed")
+                       "the chat template fails")
     (tmp_path / "raises.jinja").write_text("{{ raise_exception('no system role') }}")
-    one_sentence_error(run(chat, "--chat-template", str(tmp_path / "raises.jinja")), "chat template failed")
+    one_sentence_error(run(chat, "--chat-template", str(tmp_path / "raises.jinja")), "chat template fails")
 
     records = tmp_path / "records.jsonl"
     for content, needles in ((b'{"text": "ok"}\n[1, 2]\n', ("records.jsonl:2: a JSONL record needs",)),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dspark_cli.errors import DsparkError
 
@@ -53,25 +53,31 @@ def render_chat(tokenizer, text: str, source: str, thinking: bool | None = None)
     """One user message through the tokenizer's chat template (with the generation prompt) -> text.
     thinking: passed as the template's enable_thinking (None: not passed). DsparkError, naming `source`
     (where the tokenizer came from), when the template fails or runs away."""
-    where = f"the chat template of {source}"
     options = {} if thinking is None else {"enable_thinking": thinking}
+    return bounded_render(
+        lambda: tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True, **options),
+        f"the chat template of {source}", "fix the template or pass --no-chat")
+
+
+def bounded_render(render: Callable[[], object], where: str, remedy: str) -> str:
+    """Run `render` (a chat-template rendering) with the time and size bounds; every failure is a DsparkError
+    sentence "<where> <what happened>; <remedy>."."""
     try:
         with _deadline(CHAT_TEMPLATE_SECONDS):
-            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True, **options)
+            rendered = render()
     except _TemplateTimeout:
-        raise DsparkError(f"{where} was still rendering after {CHAT_TEMPLATE_SECONDS:g} s (a runaway loop?); fix "
-                          "the template or pass --no-chat.") from None
+        raise DsparkError(f"{where} was still rendering after {CHAT_TEMPLATE_SECONDS:g} s (a runaway loop?); "
+                          f"{remedy}.") from None
     except MemoryError:
-        raise DsparkError(f"{where} ran out of memory while rendering; fix the template or pass --no-chat.") from None
+        raise DsparkError(f"{where} ran out of memory while rendering; {remedy}.") from None
     except Exception as error:  # anything raised while the sandbox runs the template is the template's failure
-        raise DsparkError(f"{where} fails: {type(error).__name__}: {error}; fix the template or pass "
-                          "--no-chat.") from error
+        raise DsparkError(f"{where} fails: {type(error).__name__}: {error}; {remedy}.") from error
     if not isinstance(rendered, str):
-        raise DsparkError(f"{where} gave a {type(rendered).__name__}, not text; fix the template or pass --no-chat.")
+        raise DsparkError(f"{where} gave a {type(rendered).__name__}, not text; {remedy}.")
     if len(rendered) > CHAT_TEMPLATE_MAX_CHARS:
         raise DsparkError(f"{where} produced {len(rendered):,} characters for one prompt (the limit is "
-                          f"{CHAT_TEMPLATE_MAX_CHARS:,}); fix the template or pass --no-chat.")
+                          f"{CHAT_TEMPLATE_MAX_CHARS:,}); {remedy}.")
     return rendered
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.chat import bounded_render
 from dspark_cli.runtime.checkpoint import parse_json_text
 
 if TYPE_CHECKING:
@@ -101,10 +102,10 @@ def render_documents(documents: list[Document], tokenizer, chat_template: str | 
         if not template:
             raise DsparkError(f"{doc.source}: a chat record needs a chat template, but the tokenizer has none; "
                               "pass --chat-template FILE (a Jinja template).")
-        try:
-            texts.append(tokenizer.apply_chat_template(doc.messages, chat_template=template, tokenize=False))
-        except Exception as exc:  # jinja errors, malformed messages
-            raise DsparkError(f"{doc.source}: the chat template failed on this record ({exc}).") from exc
+        texts.append(bounded_render(
+            lambda: tokenizer.apply_chat_template(doc.messages, chat_template=template, tokenize=False),
+            f"{doc.source}: the chat template",
+            "fix the record or the template (--chat-template FILE)"))
     return texts
 
 
