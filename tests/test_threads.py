@@ -8,7 +8,7 @@ from dspark_cli.runtime.threads import SMALL_MODEL_PARAMETERS, default_threads, 
 
 
 def test_small_models_get_one_thread_large_ones_every_core():
-    assert default_threads(1_500_000, 2) == 1  # the demo pair
+    assert default_threads(8_000_000, 2) == 1  # the demo pair
     assert default_threads(SMALL_MODEL_PARAMETERS - 1, 16) == 1
     assert default_threads(SMALL_MODEL_PARAMETERS, 16) == 16
     assert default_threads(600_000_000, 2) == 2

@@ -2,7 +2,7 @@
 
 Measured on a 2-core CPU shared with other jobs (load average 7-9; benchmarks/bench_generate.py and
 bench_threads.py, 1 and 2 threads interleaved call by call), best of 15-30 runs in ms:
-  - the shipped demo pair (1.5 M-parameter target, 1.6 M draft): decode step 1.76 vs 2.09, verify of 8 tokens
+  - the earlier demo pair (1.5 M-parameter target, 1.6 M draft): decode step 1.76 vs 2.09, verify of 8 tokens
     2.43 vs 3.57, draft block 2.22 vs 2.94 (1 vs 2 threads); its matmuls ([8, 192] x [192, 576]) are far too
     small to split, and a forward is mostly Python and framework overhead, so a second thread only adds
     synchronization;
