@@ -43,11 +43,11 @@ import torch  # noqa: E402
 
 from dspark_cli.errors import DsparkError  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
-from dspark_cli.runtime.draft import DraftContext  # noqa: E402
-from dspark_cli.runtime.metrics import summarize  # noqa: E402
+from dspark_cli.runtime.model.draft import DraftContext  # noqa: E402
+from dspark_cli.runtime.decode.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
-from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.speculative import Drafter, draft_block  # noqa: E402
+from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.decode.speculative import Drafter, draft_block  # noqa: E402
 
 TEXT_PROMPTS = [
     *DEMO_PROMPTS,
@@ -225,7 +225,7 @@ def round_costs(
 
 
 def choose_strategy_for(draft, params, args) -> str:
-    from dspark_cli.runtime.markov import MarkovWeights, choose_strategy
+    from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy
 
     return choose_strategy(args.markov, MarkovWeights.from_draft(draft), args.draft_topk, params, False)
 

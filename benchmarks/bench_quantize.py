@@ -90,7 +90,7 @@ def screen_child(vocab: int, rank: int) -> None:
     import torch
 
     from dspark_cli.kernels.nvfp4 import quantize_nvfp4
-    from dspark_cli.runtime import quantize
+    from dspark_cli.runtime.quantize import write as quantize
     from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype
 
     started, started_cpu = time.perf_counter(), time.process_time()

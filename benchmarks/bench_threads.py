@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from dspark_cli.runtime.target import TargetModel  # noqa: E402
+from dspark_cli.runtime.model.target import TargetModel  # noqa: E402
 
 # (hidden, layers, intermediate, heads, kv heads, vocab): the demo target's shape, then larger ones
 SHAPES = [(192, 3, 576, 6, 2, 1024), (512, 6, 1536, 8, 2, 8192), (1024, 4, 3072, 16, 8, 32768),

@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 def build_target(root: Path, hidden: int, layers: int) -> tuple[Path, Path]:
     """(target folder with tokenizer, data folder) for the run."""
-    from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer
-    from dspark_cli.runtime.training_data import stdlib_sources
+    from dspark_cli.runtime.train.tiny_target import TargetGeometry, build_tokenizer
+    from dspark_cli.runtime.train.data import stdlib_sources
 
     data = root / "data"
     data.mkdir()

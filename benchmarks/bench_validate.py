@@ -178,7 +178,7 @@ def write_hostile_draft(folder: Path, entries: int) -> int:
 
 
 def hostile_headers(runs: int) -> None:
-    from dspark_cli.runtime.checkpoint import MAX_TENSORS
+    from dspark_cli.runtime.checkpoint.read import MAX_TENSORS
 
     dspark = shutil.which("dspark", path=str(Path(sys.executable).parent)) or "dspark"
     root = Path(tempfile.mkdtemp(prefix="dspark-bench-hostile-"))
@@ -214,8 +214,8 @@ def main() -> None:
         hostile_headers(min(args.runs, 3))
         return
 
-    from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="dspark-bench-validate-")) / "draft"
     try:

@@ -23,14 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from dspark_cli.runtime import timing  # noqa: E402
-from dspark_cli.runtime.checkpoint import open_checkpoint  # noqa: E402
-from dspark_cli.runtime.config import DraftConfig  # noqa: E402
+from dspark_cli.runtime.decode import timing  # noqa: E402
+from dspark_cli.runtime.checkpoint.read import open_checkpoint  # noqa: E402
+from dspark_cli.runtime.checkpoint.config import DraftConfig  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
-from dspark_cli.runtime.draft import DSparkDraft  # noqa: E402
-from dspark_cli.runtime.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.speculative import max_block_size, speculative_generate  # noqa: E402
-from dspark_cli.runtime.target import TargetModel  # noqa: E402
+from dspark_cli.runtime.model.draft_io import load_draft  # noqa: E402
+from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.decode.speculative import max_block_size, speculative_generate  # noqa: E402
+from dspark_cli.runtime.model.target import TargetModel  # noqa: E402
 
 PROMPTS = [*DEMO_PROMPTS[:2], "def fibonacci(n):\n    "]
 MARK = "round step: "
@@ -62,7 +62,7 @@ def main() -> None:
     target_dir, draft_dir = demo_pair()
     config = DraftConfig.from_dict(open_checkpoint(draft_dir).config)
     target = TargetModel.load(target_dir, config.hidden_state_indices)
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
+    draft = load_draft(draft_dir, target_embed=target.embed_weight,
                                         target_lm_head=target.lm_head_weight)
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]

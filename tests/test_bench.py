@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 import dspark_cli
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime import markov as runtime_markov
-from dspark_cli.runtime.bench import (
+from dspark_cli.runtime.decode import markov as runtime_markov
+from dspark_cli.runtime.bench.run import (
     BenchConfig,
     WalkInputs,
     check_tokens,
@@ -29,7 +29,7 @@ from dspark_cli.runtime.bench import (
     reference_walk,
     weight_bytes,
 )
-from dspark_cli.runtime.sampling import SamplingParams
+from dspark_cli.runtime.decode.sampling import SamplingParams
 
 VOCAB, RANK, BLOCK, BATCH, TOPK = 512, 32, 4, 3, 16
 runner = CliRunner()
@@ -234,7 +234,7 @@ def test_bad_options_are_one_sentence_and_exit_2(args, message):
 
 
 def test_a_method_with_wrong_tokens_is_not_timed_and_the_command_exits_1(tmp_path, monkeypatch):
-    from dspark_cli.runtime import bench
+    from dspark_cli.runtime.bench import run as bench
 
     walk = bench.method_walk  # dense swaps the requests' tokens; the other methods are the runtime's
 
@@ -272,7 +272,7 @@ def test_bench_from_a_checkpoint_runs_as_a_fresh_process_on_cpu(tmp_path, spec):
 
 
 def test_the_memory_check_compares_the_estimate_with_the_free_memory(monkeypatch):
-    from dspark_cli.runtime import bench_inputs  # where the memory check looks up available_memory
+    from dspark_cli.runtime.bench import inputs as bench_inputs  # where the memory check looks up available_memory
 
     config = BenchConfig(batches=(1, 8), block=7, formats=("bf16",))
     weights, inputs = bench_inputs.memory_needed(config, 1000, 500, 64)
@@ -309,14 +309,14 @@ def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec
 
 
 def test_interleaved_order_rotates_the_start_every_round():
-    from dspark_cli.runtime.bench import interleaved_order
+    from dspark_cli.runtime.bench.run import interleaved_order
 
     assert interleaved_order(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
     assert interleaved_order(1, 2) == [[0], [0]]
 
 
 def test_time_interleaved_rotates_calls_and_reports_min_median_and_spread():
-    from dspark_cli.runtime.bench import SPREAD_LIMIT, time_interleaved
+    from dspark_cli.runtime.bench.run import SPREAD_LIMIT, time_interleaved
 
     now = [0.0]
     calls: list[str] = []
@@ -338,7 +338,7 @@ def test_time_interleaved_rotates_calls_and_reports_min_median_and_spread():
 
 
 def test_timing_flags_a_spread_over_the_limit():
-    from dspark_cli.runtime.bench import SPREAD_LIMIT, Timing
+    from dspark_cli.runtime.bench.run import SPREAD_LIMIT, Timing
 
     at_limit = Timing(median_us=110, p10_us=100, p90_us=100 * (1 + SPREAD_LIMIT), reps=10, min_us=100)
     over = Timing(median_us=110, p10_us=100, p90_us=100 * (1 + SPREAD_LIMIT) + 1, reps=10, min_us=100)
@@ -347,8 +347,8 @@ def test_timing_flags_a_spread_over_the_limit():
 
 
 def test_both_formats_of_a_batch_are_timed_in_one_interleaved_call(monkeypatch, tmp_path):
-    from dspark_cli.runtime import bench
-    from dspark_cli.runtime.bench import Timing
+    from dspark_cli.runtime.bench import run as bench
+    from dspark_cli.runtime.bench.run import Timing
 
     calls: list[int] = []
 

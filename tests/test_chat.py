@@ -1,4 +1,4 @@
-"""runtime/chat.py: chat templates rendered with one-sentence failures, a deadline and a size limit."""
+"""runtime/decode/chat.py: chat templates rendered with one-sentence failures, a deadline and a size limit."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime import chat
+from dspark_cli.runtime.decode import chat
 
 
 class FakeTokenizer:

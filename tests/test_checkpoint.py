@@ -5,9 +5,9 @@ import pytest
 import torch
 from ckpt_factory import DraftSpec, draft_config, draft_tensors, speculators_config, specforge_config, write_draft
 
-from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
-from dspark_cli.runtime.config import DraftConfig, TargetConfig, detect_format
-from dspark_cli.runtime.layout import canonical_name, expected_draft_tensors, linear_modules, vllm_prefix
+from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
+from dspark_cli.runtime.checkpoint.config import DraftConfig, TargetConfig, detect_format
+from dspark_cli.runtime.checkpoint.layout import canonical_name, expected_draft_tensors, linear_modules, vllm_prefix
 
 
 def test_single_file_checkpoint_reads_headers(draft_dir, spec):
@@ -265,7 +265,7 @@ def test_a_target_config_that_is_not_a_regular_file_is_refused(tmp_path, no_hang
 
 
 def test_a_json_file_over_the_size_cap_is_refused_unread(tmp_path, spec):
-    from dspark_cli.runtime.checkpoint import MAX_JSON_BYTES
+    from dspark_cli.runtime.checkpoint.read import MAX_JSON_BYTES
 
     path = write_draft(tmp_path / "d", spec)
     with open(path / "config.json", "r+b") as handle:
@@ -298,7 +298,7 @@ def test_deeply_nested_json_is_one_sentence(tmp_path, spec, name, document):
 
 
 def test_json_at_the_nesting_limit_and_huge_integers(tmp_path, spec):
-    from dspark_cli.runtime.checkpoint import parse_json_text
+    from dspark_cli.runtime.checkpoint.read import parse_json_text
 
     document = parse_json_text(_deep(100), "x")  # exactly at the limit: read
     for _ in range(99):
@@ -326,7 +326,7 @@ def test_header_length_limit_is_the_safetensors_librarys(tmp_path):
     """Over 100,000,000 bytes (safetensors' MAX_HEADER_SIZE) is refused before reading, as the library does."""
     from safetensors import safe_open
 
-    from dspark_cli.runtime.checkpoint import MAX_HEADER_BYTES
+    from dspark_cli.runtime.checkpoint.read import MAX_HEADER_BYTES
 
     assert MAX_HEADER_BYTES == 100_000_000
     (tmp_path / "config.json").write_text("{}")
@@ -341,7 +341,7 @@ def test_header_length_limit_is_the_safetensors_librarys(tmp_path):
 
 
 def test_tensor_count_is_capped_per_file_and_per_checkpoint(tmp_path, spec, monkeypatch):
-    from dspark_cli.runtime import checkpoint
+    from dspark_cli.runtime.checkpoint import read as checkpoint
 
     monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20)
     (tmp_path / "many").mkdir()
@@ -364,7 +364,7 @@ def test_tensor_count_is_capped_per_file_and_per_checkpoint(tmp_path, spec, monk
 def test_deeply_nested_jsonl_lines_are_one_sentence(tmp_path, reader):
     from dspark_cli.cli.generate import read_prompts
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.training_data import read_documents
+    from dspark_cli.runtime.train.data import read_documents
 
     path = tmp_path / "data.jsonl"
     path.write_text('{"text": "fine", "prompt": "fine"}\n' + _deep(100_000) + "\n")
@@ -375,7 +375,7 @@ def test_deeply_nested_jsonl_lines_are_one_sentence(tmp_path, reader):
 
 def test_tensor_count_is_exact_across_read_chunks(tmp_path, monkeypatch):
     """The streaming count reads 1 MiB at a time; 20,000 entries span two chunks and must count 20,000 exactly."""
-    from dspark_cli.runtime import checkpoint
+    from dspark_cli.runtime.checkpoint import read as checkpoint
 
     monkeypatch.setattr(checkpoint, "MAX_TENSORS", 20_000)
     for count in (20_000, 20_001):

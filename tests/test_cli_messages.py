@@ -6,8 +6,8 @@ from ckpt_factory import DraftSpec, write_draft
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
-from dspark_cli.runtime import bench as bench_module
-from dspark_cli.runtime import quantize as quantize_module
+from dspark_cli.runtime.bench import run as bench_module
+from dspark_cli.runtime.quantize import write as quantize_module
 
 runner = CliRunner()
 BRACKETED = "markov_w2 is [vocab_size, 384] and [bold]not bold[/bold]"

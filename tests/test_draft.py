@@ -3,8 +3,8 @@ import torch
 from ckpt_factory import DraftSpec, drop, rename, write_draft
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.draft import DSparkDraft
-from dspark_cli.runtime.markov import draft_to_target
+from dspark_cli.runtime.model.draft_io import load_draft, save_draft
+from dspark_cli.runtime.decode.markov import draft_to_target
 
 
 def _context(model, length, seed=0):
@@ -20,7 +20,7 @@ def _block(model, ids, start, kv):
 
 
 def test_incremental_context_kv_equals_recompute(draft_dir):
-    model = DSparkDraft.from_checkpoint(draft_dir)
+    model = load_draft(draft_dir)
     context, positions = _context(model, 12)
     full = model.context_kv(context, positions)
     parts = [model.context_kv(context[:, a:b], positions[:, a:b]) for a, b in ((0, 5), (5, 6), (6, 12))]
@@ -30,7 +30,7 @@ def test_incremental_context_kv_equals_recompute(draft_dir):
 
 
 def test_block_is_non_causal_and_reads_context(draft_dir):
-    model = DSparkDraft.from_checkpoint(draft_dir)
+    model = load_draft(draft_dir)
     context, positions = _context(model, 8)
     kv = model.context_kv(context, positions)
     base = _block(model, [5, 250, 250, 250], 8, kv)
@@ -46,8 +46,8 @@ def test_block_is_non_causal_and_reads_context(draft_dir):
 
 
 def test_save_and_reload_round_trip(tmp_path, draft_dir):
-    model = DSparkDraft.from_checkpoint(draft_dir)
-    again = DSparkDraft.from_checkpoint(model.save(tmp_path / "saved"))
+    model = load_draft(draft_dir)
+    again = load_draft(save_draft(model, tmp_path / "saved"))
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -55,36 +55,36 @@ def test_save_and_reload_round_trip(tmp_path, draft_dir):
 def test_embed_and_lm_head_are_shared_from_the_target(tmp_path, spec):
     path = write_draft(tmp_path / "d", spec.with_(own_embed=False, own_lm_head=False))
     with pytest.raises(DsparkError, match="share"):
-        DSparkDraft.from_checkpoint(path)
+        load_draft(path)
     embed, head = torch.randn(spec.vocab_size, spec.hidden_size), torch.randn(spec.vocab_size, spec.hidden_size)
-    model = DSparkDraft.from_checkpoint(path, target_embed=embed, target_lm_head=head)
+    model = load_draft(path, target_embed=embed, target_lm_head=head)
     assert torch.equal(model.embed_tokens.weight, embed) and torch.equal(model.lm_head.weight, head)
     assert "embed_tokens.weight" not in model.state_for_save()
     with pytest.raises(DsparkError, match="incompatible"):
-        DSparkDraft.from_checkpoint(path, target_embed=embed[:10], target_lm_head=head)
+        load_draft(path, target_embed=embed[:10], target_lm_head=head)
 
 
 def test_reduced_vocab_maps_draft_ids_through_d2t(tmp_path, spec):
-    model = DSparkDraft.from_checkpoint(write_draft(tmp_path / "d", spec.with_(draft_vocab_size=64)))
+    model = load_draft(write_draft(tmp_path / "d", spec.with_(draft_vocab_size=64)))
     targets = draft_to_target(model.d2t, torch.arange(64))
     assert targets.unique().numel() == 64 and targets.max() < spec.vocab_size and targets[-1] == spec.vocab_size - 1
 
 
 def test_missing_and_misshaped_tensors_are_one_sentence_errors(tmp_path, spec):
     with pytest.raises(DsparkError, match="markov_w1.weight' is missing"):
-        DSparkDraft.from_checkpoint(write_draft(tmp_path / "a", spec, mutate=drop("markov_head.markov_w1.weight")))
+        load_draft(write_draft(tmp_path / "a", spec, mutate=drop("markov_head.markov_w1.weight")))
     with pytest.raises(DsparkError, match="shape"):
-        DSparkDraft.from_checkpoint(write_draft(tmp_path / "b", spec, edit={"markov_rank": 16}))
+        load_draft(write_draft(tmp_path / "b", spec, edit={"markov_rank": 16}))
 
 
 def test_confidence_flag_without_weights_drops_the_head(tmp_path, spec):
     path = write_draft(tmp_path / "d", spec, mutate=drop("confidence_head.proj.weight", "confidence_head.proj.bias"))
-    assert DSparkDraft.from_checkpoint(path).confidence_head is None
+    assert load_draft(path).confidence_head is None
 
 
 def test_dflash_aliases_load(tmp_path):
     spec = DraftSpec(markov_rank=0, confidence=False, num_hidden_layers=1)
     path = write_draft(tmp_path / "d", spec, mutate=lambda t: rename("fc.weight", "encoder.fc.weight")(
         {k.replace("layers.0.", "midlayer."): v for k, v in t.items()}))
-    model = DSparkDraft.from_checkpoint(path)
+    model = load_draft(path)
     assert model.markov_head is None and model.config.kind == "dflash"

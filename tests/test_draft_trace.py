@@ -20,11 +20,12 @@ import torch
 from ckpt_factory import DraftSpec, write_draft
 
 from dspark_cli.runtime.demo import DEMO_DIR, DEMO_PROMPTS
-from dspark_cli.runtime.draft import DraftContext, DSparkDraft
+from dspark_cli.runtime.model.draft import DraftContext
+from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.pair import Pair
-from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import Drafter, draft_block
-from dspark_cli.runtime.training_loss import build_blocks, draft_forward
+from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.decode.speculative import Drafter, draft_block
+from dspark_cli.runtime.train.loss import build_blocks, draft_forward
 
 GOLDEN = Path(__file__).parent / "golden" / "demo_trace.json"
 TRACE_PROMPTS = (*DEMO_PROMPTS, "import os\nimport sys\n\n\ndef main(argv=None):\n",
@@ -40,7 +41,7 @@ SPECS = {
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_inference_block_equals_training_forward(tmp_path, name):
     spec = SPECS[name]
-    draft = DSparkDraft.from_checkpoint(write_draft(tmp_path / name, spec))
+    draft = load_draft(write_draft(tmp_path / name, spec))
     params = SamplingParams(temperature=0.5)
     gen = torch.Generator().manual_seed(1)
     start, K = 11, spec.block_size

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime import evaluation as ev
+from dspark_cli.runtime.decode import evaluation as ev
 from dspark_cli.runtime.demo import DEMO_PROMPTS
-from dspark_cli.runtime.metrics import RoundRecord
-from dspark_cli.runtime.speculative import scored_length
+from dspark_cli.runtime.decode.metrics import RoundRecord
+from dspark_cli.runtime.decode.speculative import scored_length
 
 runner = CliRunner()
 
@@ -163,8 +163,8 @@ def demo_models():
 
 
 def test_deepspec_length_rule_runs_one_more_round_at_exactly_the_limit(demo_models):
-    from dspark_cli.runtime.sampling import SamplingParams
-    from dspark_cli.runtime.speculative import speculative_generate
+    from dspark_cli.runtime.decode.sampling import SamplingParams
+    from dspark_cli.runtime.decode.speculative import speculative_generate
 
     target, draft, tokenizer = demo_models
     ids = tokenizer(DEMO_PROMPTS[0])["input_ids"]
@@ -294,7 +294,7 @@ def test_generate_json_carries_rounds_and_the_tau_interval(tmp_path):
 
 
 def test_thinking_reaches_the_chat_template_only_when_asked():
-    from dspark_cli.runtime import chat
+    from dspark_cli.runtime.decode import chat
 
     class Template:
         def __init__(self):

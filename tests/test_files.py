@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import EXIT_TERMINATED, DsparkError, Terminated
-from dspark_cli.runtime import files
-from dspark_cli.runtime import quantize as quantize_module
-from dspark_cli.runtime.files import (atomic_output_dir, atomic_write_text, check_output_file,
+from dspark_cli.runtime.checkpoint import files
+from dspark_cli.runtime.quantize import write as quantize_module
+from dspark_cli.runtime.checkpoint.files import (atomic_output_dir, atomic_write_text, check_output_file,
                                       refuse_input_overlap)
-from dspark_cli.runtime.checkpoint import list_checkpoint_files
-from dspark_cli.runtime.quantize import quantize_checkpoint
+from dspark_cli.runtime.checkpoint.read import list_checkpoint_files
+from dspark_cli.runtime.quantize.write import quantize_checkpoint
 
 SPEC = DraftSpec(markov_rank=64)
 runner = CliRunner()
@@ -114,7 +114,7 @@ def test_train_refuses_an_output_overlapping_its_inputs(tmp_path, train_inputs, 
 
 
 def test_train_refuses_an_output_holding_a_data_file(tmp_path, train_inputs):
-    from dspark_cli.runtime.training_output import check_output
+    from dspark_cli.runtime.train.output import check_output
 
     target, data, _ = train_inputs
     with pytest.raises(DsparkError, match="contains the training data"):
@@ -123,7 +123,7 @@ def test_train_refuses_an_output_holding_a_data_file(tmp_path, train_inputs):
 
 
 def test_train_resume_into_another_existing_folder_needs_force(tmp_path, train_inputs):
-    from dspark_cli.runtime.training_output import check_output
+    from dspark_cli.runtime.train.output import check_output
 
     target, data, ckpt = train_inputs
     out = tmp_path / "draft"
@@ -139,7 +139,7 @@ def test_train_resume_into_another_existing_folder_needs_force(tmp_path, train_i
 
 @pytest.mark.parametrize("appeared", ["empty", "full"])
 def test_train_output_created_meanwhile_is_refused(tmp_path, train_inputs, appeared):
-    from dspark_cli.runtime.training_output import check_output, create_output
+    from dspark_cli.runtime.train.output import check_output, create_output
 
     target, data, _ = train_inputs
     out = tmp_path / "out"
@@ -153,7 +153,7 @@ def test_train_output_created_meanwhile_is_refused(tmp_path, train_inputs, appea
 
 
 def test_outputs_that_are_files_or_under_files_are_refused(tmp_path, train_inputs, draft):
-    from dspark_cli.runtime.training_output import check_output
+    from dspark_cli.runtime.train.output import check_output
 
     target, data, _ = train_inputs
     (tmp_path / "file").write_text("mine")
@@ -167,7 +167,7 @@ def test_outputs_that_are_files_or_under_files_are_refused(tmp_path, train_input
 
 
 def test_train_accepts_an_existing_empty_folder(tmp_path, train_inputs):
-    from dspark_cli.runtime.training_output import check_output, create_output
+    from dspark_cli.runtime.train.output import check_output, create_output
 
     target, data, _ = train_inputs
     out = tmp_path / "out"
@@ -405,7 +405,7 @@ def test_atomic_files_and_folders_follow_the_umask(tmp_path, umask_027):
 SLOW_QUANTIZE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from dspark_cli.runtime import quantize
+    from dspark_cli.runtime.quantize import write as quantize
 
     real, marker = quantize.write_quantized_checkpoint, Path(sys.argv[1])
 
@@ -454,7 +454,7 @@ def test_signal_during_quantize_leaves_nothing(draft, tmp_path, signum, code, wo
 @pytest.fixture(scope="module")
 def tiny_train_pair(tmp_path_factory) -> tuple[Path, Path]:
     """(target folder with tokenizer, data file): a random 2-layer Qwen3 and a little text."""
-    from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer
+    from dspark_cli.runtime.train.tiny_target import TargetGeometry, build_tokenizer
 
     root = tmp_path_factory.mktemp("train")
     data = root / "data.txt"
@@ -499,7 +499,7 @@ def test_train_interrupted_during_a_checkpoint_save_leaves_no_half_checkpoint(tm
 
 
 def test_train_interrupt_names_the_checkpoint_it_kept(tmp_path, tiny_train_pair, monkeypatch):
-    from dspark_cli.runtime.training import DraftTrainer
+    from dspark_cli.runtime.train.trainer import DraftTrainer
 
     real = DraftTrainer.run_step
 
@@ -519,7 +519,7 @@ def test_train_interrupt_names_the_checkpoint_it_kept(tmp_path, tiny_train_pair,
 
 
 def test_train_interrupted_before_writing_removes_the_folder_it_created(tmp_path, tiny_train_pair, monkeypatch):
-    from dspark_cli.runtime.training import DraftTrainer
+    from dspark_cli.runtime.train.trainer import DraftTrainer
 
     monkeypatch.setattr(DraftTrainer, "run_step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
     result = runner.invoke(app, train_args(tiny_train_pair, tmp_path / "out"))

@@ -64,6 +64,18 @@ def test_prompt_files_sampling_and_json_on_stdout(pair, tmp_path):
     assert json.loads(second.stdout)["prompts"] == doc["prompts"]  # --seed makes the run reproducible
 
 
+def test_eval_prompt_set_records_feed_generate(pair, tmp_path):
+    """A `dspark eval` prompt set (DeepSpec's {"turns": [...]} records) is a --prompts file: the first turn."""
+    target, draft = pair
+    prompts = tmp_path / "set.jsonl"
+    prompts.write_text('{"turns": ["first turn", "second turn"], "id": 1}\n{"prompt": "plain"}\n')
+    result = generate("--prompts", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "4",
+                      "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [run["prompt"] for run in doc["prompts"]] == ["first turn", "plain"]
+
+
 def test_text_prompt_file(pair, tmp_path):
     target, draft = pair
     prompts = tmp_path / "prompts.txt"
@@ -145,7 +157,7 @@ def test_target_without_draft_is_refused(pair):
     [
         ("p.csv", "a,b\n", "use a .txt file"),
         ("p.jsonl", "{not json\n", "line 1 is not JSON"),
-        ("p.jsonl", '{"text": "x"}\n', "line 1: give a JSON string or an object with a 'prompt'"),
+        ("p.jsonl", '{"text": "x"}\n', "line 1: give a JSON string, an object with a 'prompt'"),
     ],
 )
 def test_bad_prompt_files(pair, tmp_path, name, content, message):
@@ -198,7 +210,7 @@ def test_a_draft_with_nan_weights_is_reported_and_the_json_is_kept(pair, tmp_pat
 
 def no_weight_loading(monkeypatch):
     """Make loading the target fail loudly: the checks under test must run before it."""
-    from dspark_cli.runtime import target as target_module
+    from dspark_cli.runtime.model import target as target_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the target's weights were loaded")
@@ -263,7 +275,7 @@ def test_a_failing_chat_template_is_one_sentence(pair, tmp_path, monkeypatch, te
 
 
 def test_a_runaway_chat_template_is_stopped(pair, tmp_path, monkeypatch):
-    from dspark_cli.runtime import chat
+    from dspark_cli.runtime.decode import chat
 
     no_weight_loading(monkeypatch)
     monkeypatch.setattr(chat, "CHAT_TEMPLATE_SECONDS", 0.5)
@@ -276,7 +288,7 @@ def test_a_runaway_chat_template_is_stopped(pair, tmp_path, monkeypatch):
 
 
 def test_an_oversized_chat_rendering_is_refused(pair, tmp_path, monkeypatch):
-    from dspark_cli.runtime import chat
+    from dspark_cli.runtime.decode import chat
 
     no_weight_loading(monkeypatch)
     monkeypatch.setattr(chat, "CHAT_TEMPLATE_MAX_CHARS", 1000)

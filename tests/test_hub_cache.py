@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import dspark_cli.kernels  # noqa: F401  chooses the Triton interpreter before anything imports triton (issue 10 §6)
 from dspark_cli.cli import app
-from dspark_cli.runtime.checkpoint import open_checkpoint
+from dspark_cli.runtime.checkpoint.read import open_checkpoint
 
 runner = CliRunner()
 SPEC = DraftSpec(block_size=8, markov_rank=64)

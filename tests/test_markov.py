@@ -1,4 +1,4 @@
-"""Markov stage strategies (runtime/markov.py): the same tokens from dense, top-k, NVFP4 and fused walks, and
+"""Markov stage strategies (runtime/decode/markov.py): the same tokens from dense, top-k, NVFP4 and fused walks, and
 every walk consistent with the distribution it reports (so verification receives the draft's true q)."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 from ckpt_factory import reduced_vocab_d2t
 
 from dspark_cli.kernels.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from dspark_cli.runtime import markov
-from dspark_cli.runtime.markov import MarkovResult, MarkovWeights, choose_strategy, draft_to_target
-from dspark_cli.runtime.sampling import SamplingParams, gumbel_noise, processed_logits
+from dspark_cli.runtime.decode import markov
+from dspark_cli.runtime.decode.markov import MarkovResult, MarkovWeights, choose_strategy, draft_to_target
+from dspark_cli.runtime.decode.sampling import SamplingParams, gumbel_noise, processed_logits
 
 V, VD, R, N = 40, 24, 32, 6  # target vocab, draft vocab (reduced, with d2t), Markov rank, block
 ANCHOR = 11

@@ -1,4 +1,4 @@
-"""Metrics (runtime/metrics.py): every figure checked against a hand computation."""
+"""Metrics (runtime/decode/metrics.py): every figure checked against a hand computation."""
 
 import itertools
 import json
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dspark_cli.runtime.metrics import (
+from dspark_cli.runtime.decode.metrics import (
     GenerationStats,
     RoundRecord,
     auroc,

@@ -12,12 +12,12 @@ from ckpt_factory import DraftSpec
 from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
-from dspark_cli.runtime.draft import DSparkDraft
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.pair import Pair, check_pair, first_divergence
-from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import speculative_generate
-from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.decode.speculative import speculative_generate
+from dspark_cli.runtime.model.target import TargetModel
 
 SPEC = DraftSpec(block_size=8, markov_rank=64)
 EOS = 1  # tiny_target's eos_token_id
@@ -59,7 +59,7 @@ def test_generate_is_the_speculative_loop_on_the_loaded_pair(pair, pair_dirs):
     """Pair.load + generate gives what the hand-written loading sequence and speculative_generate give."""
     target_dir, draft_dir = pair_dirs
     target = TargetModel.load(target_dir, [i + 1 for i in SPEC.target_layer_ids])
-    draft = DSparkDraft.from_checkpoint(draft_dir, target_embed=target.embed_weight,
+    draft = load_draft(draft_dir, target_embed=target.embed_weight,
                                         target_lm_head=target.lm_head_weight)
     ids = pair.encode("hello world")
     assert ids == pair.tokenizer("hello world")["input_ids"]
@@ -96,7 +96,7 @@ def test_the_chat_template_is_used_when_present_unless_refused(pair_dirs):
 
 
 def test_check_refuses_bad_input_before_any_weight_is_read(pair_dirs, monkeypatch):
-    from dspark_cli.runtime import target as target_module
+    from dspark_cli.runtime.model import target as target_module
 
     monkeypatch.setattr(target_module.TargetModel, "load", classmethod(lambda *a, **k: pytest.fail("loaded")))
     target, draft = map(str, pair_dirs)

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
 from dspark_cli.kernels.nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
-from dspark_cli.runtime import quantize as quantize_module
-from dspark_cli.runtime.checkpoint import open_checkpoint, read_safetensors_header
-from dspark_cli.runtime.quantize import (
+from dspark_cli.runtime.quantize import write as quantize_module
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_safetensors_header
+from dspark_cli.runtime.quantize.write import (
     MARKOV_W2,
     MARKOV_W2_GLOBAL_SCALE,
     MARKOV_W2_SCALE,
@@ -25,7 +25,7 @@ from dspark_cli.runtime.quantize import (
     quantize_checkpoint,
     weight_error,
 )
-from dspark_cli.runtime.rules import validate_checkpoint
+from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
 SPEC = DraftSpec(markov_rank=64)
 NEW_TENSORS = (MARKOV_W2, MARKOV_W2_SCALE, MARKOV_W2_GLOBAL_SCALE)

@@ -9,8 +9,8 @@ from ckpt_factory import DraftSpec, write_draft
 from safetensors.torch import load_file, save_file
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime import quantize as quantize_module
-from dspark_cli.runtime.quantize import MARKOV_W2_GLOBAL_SCALE, quantize_checkpoint
+from dspark_cli.runtime.quantize import write as quantize_module
+from dspark_cli.runtime.quantize.write import MARKOV_W2_GLOBAL_SCALE, quantize_checkpoint
 
 SPEC = DraftSpec(markov_rank=64)
 SHARDS = 3

@@ -1,4 +1,4 @@
-"""Sampling, top-k/top-p processing and lossless verification (runtime/sampling.py).
+"""Sampling, top-k/top-p processing and lossless verification (runtime/decode/sampling.py).
 
 The statistical tests run the real `accept_batch` (which `accept` wraps) on N = 200,000 independent
 sequences at once and compare the emitted tokens with the exact target distribution by a Pearson
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from dspark_cli.runtime.sampling import (
+from dspark_cli.runtime.decode.sampling import (
     SamplingParams,
     gumbel_argmax,
     gumbel_noise,

@@ -1,4 +1,4 @@
-"""Greedy speculative decoding (runtime/speculative.py) is token-identical to the target's own greedy decoding.
+"""Greedy speculative decoding (runtime/decode/speculative.py) is token-identical to the target's own greedy decoding.
 
 All in float32 (docs/deepspec.md §2: bf16 near-ties may flip). The target is a tiny random Qwen3 whose
 next token depends mostly on the current one, and the drafts' Markov heads know that bigram (tests/pair_factory.py),
@@ -13,9 +13,10 @@ import torch
 from ckpt_factory import DraftSpec, write_draft
 from pair_factory import bigram_draft, bigram_target
 
-from dspark_cli.runtime.draft import DraftContext, DSparkDraft
-from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import (
+from dspark_cli.runtime.model.draft import DraftContext
+from dspark_cli.runtime.model.draft_io import load_draft
+from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.decode.speculative import (
     Drafter,
     accept_block,
     autoregressive_generate,
@@ -27,8 +28,8 @@ from dspark_cli.runtime.speculative import (
     scored_length,
     speculative_generate,
 )
-from dspark_cli.runtime.target import TargetModel
-from dspark_cli.runtime.timing import SectionTimer
+from dspark_cli.runtime.model.target import TargetModel
+from dspark_cli.runtime.decode.timing import SectionTimer
 
 PROMPTS = ([5, 17, 33, 2, 99], [7, 8, 9, 10])
 MAX_NEW = 40
@@ -68,7 +69,7 @@ def target(pair_dirs):
 @pytest.fixture(scope="module")
 def drafts(pair_dirs, target):
     return {
-        name: DSparkDraft.from_checkpoint(path, target_embed=target.embed_weight, target_lm_head=target.lm_head_weight)
+        name: load_draft(path, target_embed=target.embed_weight, target_lm_head=target.lm_head_weight)
         for name, path in pair_dirs[1].items()
     }
 
@@ -238,7 +239,7 @@ def test_bf16_pair_runs_and_starts_like_plain_decoding(pair_dirs):
     token comes from the same prefill and must agree."""
     target_dir, draft_dirs = pair_dirs
     target = TargetModel.load(target_dir, [1, 3], dtype=torch.bfloat16)
-    draft = DSparkDraft.from_checkpoint(draft_dirs["nvfp4"], dtype=torch.bfloat16)
+    draft = load_draft(draft_dirs["nvfp4"], dtype=torch.bfloat16)
     result = speculative_generate(target, draft, PROMPTS[0], GREEDY, block_size=8, max_new_tokens=20,
                                   strategy="nvfp4", draft_topk=16)
     plain = autoregressive_generate(target, PROMPTS[0], GREEDY, max_new_tokens=20)
@@ -312,7 +313,7 @@ def test_scored_length_matches_float64_survival_and_keeps_ties():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_draft_without_markov_head_proposes_target_ids_through_d2t(drafts, temperature):
     """No Markov head: the walk picks draft ids, which the proposal must map through d2t like the head does."""
-    from dspark_cli.runtime.speculative import markov_stage
+    from dspark_cli.runtime.decode.speculative import markov_stage
 
     draft = drafts["dflash-reduced"]
     assert draft.markov_head is None and draft.d2t is not None and bool(draft.d2t.any())

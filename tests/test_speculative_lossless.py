@@ -23,11 +23,10 @@ import pytest
 import torch
 from ckpt_factory import DraftSpec
 from pair_factory import bigram_draft, bigram_target
-
-from dspark_cli.runtime.draft import DSparkDraft
-from dspark_cli.runtime.sampling import SamplingParams, target_probs
-from dspark_cli.runtime.speculative import speculative_generate
-from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.model.draft_io import load_draft
+from dspark_cli.runtime.decode.sampling import SamplingParams, target_probs
+from dspark_cli.runtime.decode.speculative import speculative_generate
+from dspark_cli.runtime.model.target import TargetModel
 
 VOCAB = 4
 SPEC = DraftSpec(vocab_size=VOCAB, draft_vocab_size=3, mask_token_id=3, markov_rank=64, num_hidden_layers=1,
@@ -58,7 +57,7 @@ def pair(tmp_path_factory):
     target_dir = bigram_target(root / "target", SPEC, damp=0.0, logit_std=0.15, seed=5)
     draft_dir = bigram_draft(root / "draft", SPEC, target_dir, w2_gain=1.0, w2_noise=0.1)
     target = TargetModel.load(target_dir, [1])
-    return target, DSparkDraft.from_checkpoint(draft_dir)
+    return target, load_draft(draft_dir)
 
 
 def exact_conditionals(target: TargetModel) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""TargetModel (runtime/target.py): hidden-state capture, verify + crop against a full recompute, both cache kwargs."""
+"""TargetModel (runtime/model/target.py): hidden-state capture, verify + crop against a full recompute, both cache kwargs."""
 
 import inspect
 
@@ -7,7 +7,7 @@ import torch
 from ckpt_factory import DraftSpec, tiny_target
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.target import TargetModel
+from dspark_cli.runtime.model.target import TargetModel
 
 PROMPT = [5, 17, 33, 2, 99, 7]
 BLOCK = [12, 200, 3, 45, 9]

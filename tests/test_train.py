@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.training import TrainOptions, train_loop
-from dspark_cli.runtime.training_data import collect_files, load_token_stream, read_documents
-from dspark_cli.runtime.training_draft import DraftShape, choose_mask_token, default_target_layers
-from dspark_cli.runtime.training_loss import BlockBatch, build_blocks, loss_sums, normalise, target_forward
-from dspark_cli.runtime.training_run import prepare_run
+from dspark_cli.runtime.train.options import TrainOptions
+from dspark_cli.runtime.train.trainer import train_loop
+from dspark_cli.runtime.model.draft_io import save_draft
+from dspark_cli.runtime.train.data import collect_files, load_token_stream, read_documents
+from dspark_cli.runtime.train.new_draft import DraftShape, choose_mask_token, default_target_layers
+from dspark_cli.runtime.train.loss import BlockBatch, build_blocks, loss_sums, normalise, target_forward
+from dspark_cli.runtime.train.run import prepare_run
 
 CODE = '''def add(a, b):
     """Return the sum of a and b."""
@@ -33,7 +35,7 @@ class Counter:
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     """(target folder with tokenizer, data folder): a random 3-layer Qwen3 and a little Python text."""
-    from dspark_cli.runtime.target_training import TargetGeometry, build_tokenizer
+    from dspark_cli.runtime.train.tiny_target import TargetGeometry, build_tokenizer
 
     root = tmp_path_factory.mktemp("train")
     data = root / "data"
@@ -129,9 +131,9 @@ def _fixed_batch_loss(trainer, tokens, anchors) -> float:
 
 
 def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):
-    from dspark_cli.runtime.checkpoint import open_checkpoint
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.model.draft_io import load_draft
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     target_dir, data = tiny_pair
     options = TrainOptions(steps=25, batch_size=4, seq_len=32, anchors=8, lr=1e-2, seed=0, save_every=10)
@@ -149,16 +151,16 @@ def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_p
     target_config = json.loads((target_dir / "config.json").read_text())
     report = validate_checkpoint(open_checkpoint(str(out)), target_config)
     assert report.errors == [], [f.message for f in report.errors]
-    draft = DSparkDraft.from_checkpoint(str(out))
+    draft = load_draft(str(out))
     assert draft.confidence_head is not None and draft.config.markov_rank == 8
 
 
 def test_markov_rank_0_writes_deepspec_dflash_ablation(tmp_path, tiny_pair):
     """--markov-rank 0: DeepSpec's DFlash ablation (DSpark layout, no Markov head) validates with only DSP007 and
     runs, with or without a confidence head."""
-    from dspark_cli.runtime.checkpoint import open_checkpoint
-    from dspark_cli.runtime.draft import DSparkDraft
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.model.draft_io import load_draft
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     target_dir, data = tiny_pair
     target_config = json.loads((target_dir / "config.json").read_text())
@@ -170,15 +172,15 @@ def test_markov_rank_0_writes_deepspec_dflash_ablation(tmp_path, tiny_pair):
         assert config["architectures"] == ["Qwen3DSparkModel"] and config["markov_rank"] == 0
         report = validate_checkpoint(open_checkpoint(str(out)), target_config)
         assert report.errors == [] and [f.code for f in report.warnings] == ["DSP007"], report.codes
-        draft = DSparkDraft.from_checkpoint(str(out))
+        draft = load_draft(str(out))
         assert draft.markov_head is None and (draft.confidence_head is not None) == confidence
 
 
 def test_train_lm_head_and_embeddings_train_own_copies(tmp_path, tiny_pair):
     """--train-lm-head / --train-embeddings: the draft's copies learn and are saved; the target is untouched;
     resuming without the same flags is refused in one sentence."""
-    from dspark_cli.runtime.checkpoint import open_checkpoint
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     target_dir, data = tiny_pair
     shape = DraftShape(layers=1, block_size=4, markov_rank=8, train_embeddings=True, train_lm_head=True)
@@ -242,8 +244,8 @@ def test_demo_build_is_deterministic(tmp_path):
     """Two builds of a tiny recipe from the same files give byte-identical tokenizer, target and draft."""
     from dataclasses import replace
 
-    from dspark_cli.runtime.demo_build import DemoRecipe, build_demo, report_from_json, report_json
-    from dspark_cli.runtime.target_training import TargetGeometry
+    from dspark_cli.runtime.train.demo_build import DemoRecipe, build_demo, report_from_json, report_json
+    from dspark_cli.runtime.train.tiny_target import TargetGeometry
 
     sources = []
     for i in range(6):
@@ -300,15 +302,15 @@ def test_build_script_replaces_the_pair_and_keeps_the_other_demo_files(tmp_path)
 ], ids=["default", "dflash", "trained-copies", "added-mask-row"])
 def test_memory_estimate_counts_the_trainable_parameters(tmp_path, tiny_pair, shape):
     """The estimate checked before allocating counts exactly the weights the optimizer will hold."""
-    from dspark_cli.runtime.training_draft import trainable_parameters
-    from dspark_cli.runtime.training_checks import run_memory_estimate
+    from dspark_cli.runtime.train.new_draft import trainable_parameters
+    from dspark_cli.runtime.train.checks import run_memory_estimate
 
     target_dir, data = tiny_pair
     target_config = json.loads((target_dir / "config.json").read_text())
     if shape.mask_token_id is not None:
         shape = DraftShape(**{**vars(shape), "mask_token_id": target_config["vocab_size"]})
     run = prepare_run(target_dir, [data], tmp_path / "out", shape, OPTIONS)
-    run.trainer.draft.save(tmp_path / "saved", include_shared=True)
+    save_draft(run.trainer.draft, tmp_path / "saved", include_shared=True)
     draft_config = json.loads((tmp_path / "saved" / "config.json").read_text())
     estimate = run_memory_estimate(target_config, draft_config, shape, OPTIONS, run.trainer.seq_len,
                                    torch.device("cpu"))

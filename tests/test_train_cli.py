@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
-from dspark_cli.runtime import training_run
+from dspark_cli.runtime.train import run as training_run
 
 runner = CliRunner()
 CODE = "def add(a, b):\n    return a + b\n\n\nclass Counter:\n    def increment(self, step=1):\n        return step\n"
@@ -27,7 +27,7 @@ TINY = [*RUN, "--block-size", "4", "--markov-rank", "8"]
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     """(target, data file): a random 3-layer Qwen3 over a 256-token byte tokenizer that has no free id, so train
     must add a mask row (V = T + 1)."""
-    from dspark_cli.runtime.target_training import TargetGeometry
+    from dspark_cli.runtime.train.tiny_target import TargetGeometry
 
     root = tmp_path_factory.mktemp("train_cli")
     target = write_byte_tokenizer(root / "target")
@@ -223,7 +223,7 @@ def test_corrupted_resume_checkpoint_is_one_sentence(pair, tmp_path_factory, tmp
 
 
 def test_a_runaway_chat_template_is_stopped_with_one_sentence(pair, tmp_path, monkeypatch, no_target_weights):
-    from dspark_cli.runtime import chat as chat_module
+    from dspark_cli.runtime.decode import chat as chat_module
 
     monkeypatch.setattr(chat_module, "CHAT_TEMPLATE_SECONDS", 0.5)
     chat = tmp_path / "chat.jsonl"

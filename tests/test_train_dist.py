@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 from test_train import tiny_pair  # noqa: F401 - the tiny target + data fixture
 
-from dspark_cli.runtime.training import latest_checkpoint
+from dspark_cli.runtime.train.trainer import latest_checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 16  # the interrupted run must still be running when rank 0 writes checkpoint-2
@@ -120,6 +120,7 @@ def test_two_processes_train_like_one(tmp_path, tiny_pair, one_process):  # noqa
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("training tokens") == 1 and result.stdout.count("draft written to") == 1, \
         result.stdout
+    assert result.stdout.count("training as 2 processes (backend gloo)") == 1, result.stdout
     _assert_same_trajectory(_log(one_process.parent / "log.jsonl"), _log(tmp_path / "log.jsonl"), rtol=1e-5)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in one_process.iterdir())
     for step in range(2, STEPS, 2):
@@ -183,7 +184,7 @@ AGREEMENT = """
 import json
 import torch
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.training_dist import PeerFailed, context_from_env, start, stop
+from dspark_cli.runtime.distributed import PeerFailed, context_from_env, start, stop
 
 ctx = context_from_env()
 start(ctx, torch.device("cpu"), 30)

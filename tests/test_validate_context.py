@@ -5,10 +5,10 @@ from __future__ import annotations
 from ckpt_factory import DraftSpec, nvfp4_quant_configs, target_config, write_draft, write_nvfp4_draft
 from test_validate_rules import CASES
 
-from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint
-from dspark_cli.runtime.layout import MARKOV_W2
-from dspark_cli.runtime.rules import CHECKPOINT_RULES, DRAFT_RULES, READ_ERRORS, VALUE_RULES
-from dspark_cli.runtime.rules.context import build_context, read_target
+from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint
+from dspark_cli.runtime.checkpoint.layout import MARKOV_W2
+from dspark_cli.runtime.checkpoint.rules import CHECKPOINT_RULES, DRAFT_RULES, READ_ERRORS, VALUE_RULES
+from dspark_cli.runtime.checkpoint.rules.context import build_context, read_target
 
 S = DraftSpec()
 

@@ -29,8 +29,8 @@ from ckpt_factory import (
 )
 from safetensors.torch import load_file, save_file
 
-from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint
-from dspark_cli.runtime.rules import CODES, READ_ERRORS, validate_checkpoint
+from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint
+from dspark_cli.runtime.checkpoint.rules import CODES, READ_ERRORS, validate_checkpoint
 
 S = DraftSpec()
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "validate.md"
@@ -128,7 +128,7 @@ def test_nvfp4_head_format_is_resolved(tmp_path):
 
 
 def test_what_dspark_quantize_writes_is_valid(tmp_path):
-    quantize = pytest.importorskip("dspark_cli.runtime.quantize")
+    quantize = pytest.importorskip("dspark_cli.runtime.quantize.write")
     spec = S.with_(markov_rank=64)
     source = write_draft(tmp_path / "bf16", spec, shards=2)
     quantize.quantize_checkpoint(source, tmp_path / "nvfp4", engine="torch")
@@ -536,6 +536,9 @@ def test_load_failures_vllm_raises_on_are_errors(tmp_path):
         "DSP106": write_draft(tmp_path / "b", S, mutate=add("d2t", torch.zeros(256, dtype=torch.long))),
         "DSP015": config_only(tmp_path / "c", {**draft_config(S), "dflash_config": {"mask_token_id": None}}),
         "DSP034": write_draft(tmp_path / "d", S, edit={"target_layer_ids": [0, 3]}),
+        # vLLM fails on these or drops them silently: either way not shippable
+        "DSP210": write_draft(tmp_path / "e", S, mutate=add("norm.bias", torch.zeros(64, dtype=torch.bfloat16))),
+        "DSP315": write_nvfp4_draft(tmp_path / "f", mutate=add("markov_head.markov_w2.input_scale", torch.tensor(1.0))),
     }
     for code, path in cases.items():
         report = validate_checkpoint(open_checkpoint(path), target())
@@ -563,7 +566,7 @@ def test_validation_never_modifies_the_checkpoint(tmp_path):
 
 
 def test_logit_scale_is_used_as_vllm_uses_it():
-    from dspark_cli.runtime.config import DraftConfig
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
 
     assert DraftConfig.from_dict({**draft_config(S), "logit_scale": -2.0}).logit_scale == -2.0
     assert DraftConfig.from_dict({**draft_config(S), "logit_scale": 0}).logit_scale == 0.0

@@ -63,7 +63,7 @@ def markov(
     """
     if peak_gbps is not None and not math.isfinite(peak_gbps):
         raise DsparkError(f"--peak-gbps must be a finite number of GB/s, got {peak_gbps}.")
-    from dspark_cli.runtime.bench import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
+    from dspark_cli.runtime.bench.run import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
 
     _check_outputs(json_out, plot, draft)
     device_name = _bench_device(device)
@@ -118,7 +118,7 @@ def _bench_device(name: str) -> str:
 
 def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
     """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
-    from dspark_cli.runtime.files import check_output_file, local_inputs, real_path
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs, real_path
 
     inputs = local_inputs("draft checkpoint", [draft])
     check_output_file(json_out, inputs, "--json file")
@@ -128,7 +128,7 @@ def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) 
 
 
 def _table(report, fmt: str, temperature: float) -> Table:
-    from dspark_cli.runtime.bench import SPREAD_LIMIT
+    from dspark_cli.runtime.bench.run import SPREAD_LIMIT
 
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(

@@ -62,8 +62,8 @@ def eval_command(
                                           "kept, only missing ones run (saved back to it unless --json)."),
 ) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime import evaluation as ev
-    from dspark_cli.runtime.speculative import CONFIDENCE_RULES
+    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
     out = render.console
     given = {name: value for name, value in ctx.params.items()
@@ -134,14 +134,14 @@ def eval_command(
     if json_path is not None:
         run.save(json_path, statistics)
     if markdown_path is not None:
-        from dspark_cli.runtime.files import atomic_write_text
+        from dspark_cli.runtime.checkpoint.files import atomic_write_text
 
         atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings))
 
 
 def _run_sets(run, sets, session, save, out: Console) -> None:
     """Run the missing prompts of every set, one progress bar per set, saving after each prompt."""
-    from dspark_cli.runtime import evaluation as ev
+    from dspark_cli.runtime.decode import evaluation as ev
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=out, transient=False) as progress:
@@ -159,7 +159,7 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
 def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
     """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
     pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
-    from dspark_cli.runtime.files import check_output_file, local_inputs
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
               + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))
@@ -185,9 +185,8 @@ def _load(settings: dict, sets: list, out: Console):
     """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
     session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
     and chat into `settings`."""
-    from dspark_cli.runtime import evaluation as ev
-    from dspark_cli.runtime.pair import Pair
-    from dspark_cli.runtime.sampling import SamplingParams
+    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.pair import Pair, SamplingParams
 
     s = settings
     checked = Pair.check(s["target"], s["draft"], device=s["device"], dtype=s["dtype"], block_size=s["block_size"],
@@ -223,7 +222,7 @@ def _warn(out: Console, warnings: list[str]) -> None:
 
 
 def _compare(run, old, sets) -> dict:
-    from dspark_cli.runtime import evaluation as ev
+    from dspark_cli.runtime.decode import evaluation as ev
 
     by_name = {s.name: s for s in old.sets}
     comparison = {}

@@ -28,7 +28,8 @@ def generate(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="File of prompts: .txt (one per line) or .jsonl "
-                                           "(strings or objects with a 'prompt' field)."),
+                                           "(strings, objects with a 'prompt' field, or dspark eval's prompt-set "
+                                           "records: first of 'turns')."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Tokens to generate per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off); applied to target and draft."),
@@ -58,10 +59,9 @@ def generate(
     from dspark_cli.cli.generate_report import Settings, json_document, print_report
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.demo import DEMO_PROMPTS
-    from dspark_cli.runtime.files import check_output_file, local_inputs
-    from dspark_cli.runtime.metrics import summarize
-    from dspark_cli.runtime.pair import Pair
-    from dspark_cli.runtime.sampling import SamplingParams
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.decode.metrics import summarize
+    from dspark_cli.runtime.pair import Pair, SamplingParams
     from dspark_cli.runtime.threads import set_threads
 
     out = render.err_console if options.to_stdout(json_path) else render.console
@@ -145,10 +145,11 @@ def _prompt_texts(prompt: Optional[str], prompts: Optional[Path]) -> list[str]:
 
 
 def read_prompts(path: Path) -> list[str]:
-    """Prompts from a .txt file (one per non-empty line) or a .jsonl file (a JSON string or an object with a
-    'prompt' string per line)."""
+    """Prompts from a .txt file (one per non-empty line) or a .jsonl file (per line a JSON string, an object with
+    a 'prompt' string, or a `dspark eval` prompt-set record whose 'turns' list gives the first turn)."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.checkpoint import parse_json_text
+    from dspark_cli.runtime.checkpoint.read import parse_json_text
+    from dspark_cli.runtime.decode.evaluation import prompt_of_record
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -164,9 +165,9 @@ def read_prompts(path: Path) -> list[str]:
             continue
         record = parse_json_text(line, f"--prompts {path} line {number}", "give one JSON string or object per line",
                                  invalid="is not JSON")
-        text = record.get("prompt") if isinstance(record, dict) else record
+        text = prompt_of_record(record)
         if not isinstance(text, str):
-            raise DsparkError(f"--prompts {path} line {number}: give a JSON string or an object with a 'prompt' "
-                              "string.")
+            raise DsparkError(f"--prompts {path} line {number}: give a JSON string, an object with a 'prompt' "
+                              "string, or one with a 'turns' list of strings (the first turn is used).")
         texts.append(text)
     return texts

@@ -41,8 +41,8 @@ def quantize(
     json_path: options.json_path("the report") = None,
 ) -> None:
     """Quantize markov_head.markov_w2 to NVFP4 W4A16; everything else is linked or copied unchanged."""
-    from dspark_cli.runtime.files import check_output_file, local_inputs
-    from dspark_cli.runtime.quantize import quantize_checkpoint
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.quantize.write import quantize_checkpoint
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + [("output folder", out)], "--json file")
     report = quantize_checkpoint(

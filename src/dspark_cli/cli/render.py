@@ -90,7 +90,7 @@ def emit_json(document: Any, path: Path | str | None = None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from dspark_cli.runtime.files import atomic_write_text
+    from dspark_cli.runtime.checkpoint.files import atomic_write_text
 
     atomic_write_text(Path(path), text)
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from dspark_cli.cli import options, render
 
 if TYPE_CHECKING:
-    from dspark_cli.runtime.rules import Report
+    from dspark_cli.runtime.checkpoint.rules import Report
     from dspark_cli.runtime.serve import ServePlan
 
 HELP = """Serve a DSpark (or DFlash) draft with its target in vLLM. Runs validate's header-only checks on the pair
@@ -45,7 +45,7 @@ def serve(
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
-    from dspark_cli.runtime.files import check_output_file, local_inputs
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
     from dspark_cli.runtime.serve import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft]), "--json file")

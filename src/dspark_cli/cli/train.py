@@ -52,20 +52,20 @@ def train(
     target: str = typer.Option(..., "--target", help="Target causal LM: a Hugging Face folder or hub id."),
     data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers [default: 1; on "
-                                         "--resume: the checkpoint's]."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers (default: 1; on "
+                                         "--resume: the checkpoint's)."),
     block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Tokens proposed per round (the "
-                                             "anchor's slot included) [default: 7; on --resume: the checkpoint's]."),
+                                             "anchor's slot included) (default: 7; on --resume: the checkpoint's)."),
     target_layers: Optional[str] = typer.Option(None, "--target-layers",
                                                 help="Target layer ids feeding the draft, e.g. 1,9,17 "
                                                 "(default: evenly spaced like DeepSpec)."),
     markov_rank: Optional[int] = typer.Option(None, "--markov-rank", min=0, help="Markov head rank; 0 trains a "
-                                              "DFlash draft [default: 256; on --resume: the checkpoint's]."),
+                                              "DFlash draft (default: 256; on --resume: the checkpoint's)."),
     confidence: Optional[bool] = typer.Option(None, "--confidence/--no-confidence", help="Train a confidence head "
-                                              "[default: on; on --resume: as the checkpoint]."),
+                                              "(default: on; on --resume: as the checkpoint)."),
     confidence_with_markov: Optional[bool] = typer.Option(None, "--confidence-with-markov/--confidence-without-markov",
                                                           help="Feed the Markov embedding to the confidence head "
-                                                          "[default: on; on --resume: as the checkpoint]."),
+                                                          "(default: on; on --resume: as the checkpoint)."),
     mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", min=0,
                                                 help="Mask token id (default: the tokenizer's, else a free id, "
                                                 "else one added to the draft's vocabulary)."),
@@ -101,11 +101,11 @@ def train(
     from transformers.utils import logging as hf_logging
 
     from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
-    from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import TrainOptions
-    from dspark_cli.runtime.training_checks import checkpoint_shape
-    from dspark_cli.runtime.training_draft import DraftShape
-    from dspark_cli.runtime.training_dist import torch_distributed_error
+    from dspark_cli.runtime import distributed
+    from dspark_cli.runtime.train.options import TrainOptions
+    from dspark_cli.runtime.train.checks import checkpoint_shape
+    from dspark_cli.runtime.train.new_draft import DraftShape
+    from dspark_cli.runtime.distributed import torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
@@ -121,17 +121,19 @@ def train(
                            save_every=save_every)
     if not dist_timeout > 0:
         raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
-    dist = training_dist.context_from_env()
+    dist = distributed.context_from_env()
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
                           f"processes ({dist.world_size}).")
     if not dist.is_main:
         render.console.quiet = True  # rank 0 alone prints notes, progress and the result
-    training_dist.start(dist, opts.torch_device(device), dist_timeout)
+    backend = distributed.start(dist, opts.torch_device(device), dist_timeout)
+    if backend is not None:
+        render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
     existed = out.exists()
     try:
         final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
-    except training_dist.PeerFailed as error:
+    except distributed.PeerFailed as error:
         if dist.is_main:
             raise
         raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
@@ -141,9 +143,9 @@ def train(
         stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
         raise
     except torch_distributed_error() as error:
-        raise training_dist.lost_contact(dist, error) from error
+        raise distributed.lost_contact(dist, error) from error
     finally:
-        training_dist.stop(dist)
+        distributed.stop(dist)
     render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
                                        f" (check it with `dspark validate {final} --target {target}`)"))
 
@@ -152,16 +154,16 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
     import json
     from dataclasses import asdict
 
-    from dspark_cli.runtime import training_dist
-    from dspark_cli.runtime.training import train_loop
-    from dspark_cli.runtime.training_run import prepare_run
+    from dspark_cli.runtime import distributed
+    from dspark_cli.runtime.train.trainer import train_loop
+    from dspark_cli.runtime.train.run import prepare_run
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
                                                 chat_template=chat_template, force=force, dist=dist),
                             "loading the target, the data and the draft")
     trainer = run.trainer
-    dist.same_everywhere(training_dist.run_fingerprint(trainer.stream.tokens, trainer.options,
+    dist.same_everywhere(distributed.run_fingerprint(trainer.stream.tokens, trainer.options,
                                                        trainer.draft.config.raw, trainer.step),
                          "training data, options and starting point")
     for note in run.notes:
@@ -192,7 +194,7 @@ def _kept_after_interrupt(out: Path, existed: bool) -> str:
     """What an interrupted run leaves in `out`, in one sentence (checkpoints are written whole or not at all)."""
     if not out.is_dir():
         return "nothing was written"
-    from dspark_cli.runtime.training import latest_checkpoint
+    from dspark_cli.runtime.train.trainer import latest_checkpoint
 
     latest = latest_checkpoint(out)
     if latest is not None:

@@ -12,7 +12,7 @@ from dspark_cli.cli import options, render
 from dspark_cli.runtime.units import format_bytes
 
 if TYPE_CHECKING:
-    from dspark_cli.runtime.rules import Report
+    from dspark_cli.runtime.checkpoint.rules import Report
 
 HELP = """Check a DSpark (or DFlash) draft checkpoint against every rule vLLM's loader applies, reading only
 config.json and the safetensors headers. Exit codes: 0 no errors, 1 errors found (or warnings with --strict),
@@ -42,10 +42,10 @@ def validate(
     json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
 ) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.checkpoint import CheckpointError, open_checkpoint, read_target_config
-    from dspark_cli.runtime.files import check_output_file, local_inputs
-    from dspark_cli.runtime.paths import require_utf8_path
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.checkpoint.paths import require_utf8_path
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]),
                       "--json file")

@@ -2,19 +2,24 @@
 
 Without CUDA, Triton kernels can only run in its interpreter, and the interpreter must be chosen
 before triton is first imported (dspark_cli/triton_mode.py makes that choice when `dspark_cli` is
-imported; it is made here too when triton is not imported yet, for a process that removed the finder).
-Triton itself is optional: the torch references work without it.
+imported; the finder is put back here when triton is not imported yet, for a process that removed it).
+Triton itself is optional: the torch references work without it. This module imports no torch, so the
+checkpoint schema can read the NVFP4 block size from here without paying for it.
 """
 
-import functools
-import sys
+from __future__ import annotations
 
-import torch
+import functools
+from typing import TYPE_CHECKING
 
 from dspark_cli import triton_mode
 
-if "triton" not in sys.modules:
-    triton_mode.choose()
+if TYPE_CHECKING:
+    import torch
+
+NVFP4_GROUP_SIZE = 16  # NVFP4 block: one FP8 E4M3 scale per 16 consecutive input features
+
+triton_mode.install()  # torch-free: the choice is made when triton is first looked up
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from dspark_cli.runtime.layout import NVFP4_GROUP as GROUP_SIZE
+from dspark_cli.kernels import NVFP4_GROUP_SIZE as GROUP_SIZE
 
 try:
     import triton

@@ -24,9 +24,10 @@ import torch
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.devices import resolve_device, resolve_dtype
-from dspark_cli.runtime.markov import STRATEGIES, MarkovWeights, choose_strategy
-from dspark_cli.runtime.sampling import SamplingParams
-from dspark_cli.runtime.speculative import (
+from dspark_cli.runtime.decode.markov import STRATEGIES, MarkovWeights, choose_strategy
+from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.decode.speculative import (
+    CONFIDENCE_RULES,
     GenerationResult,
     TokenCallback,
     autoregressive_generate,
@@ -35,6 +36,8 @@ from dspark_cli.runtime.speculative import (
 )
 
 MARKOV_CHOICES = ("auto", *STRATEGIES)
+__all__ = ["Pair", "CheckedPair", "SamplingParams", "GenerationResult", "CONFIDENCE_RULES", "MARKOV_CHOICES",
+           "first_divergence"]
 GREEDY = SamplingParams()
 
 # --- device, dtype, tokenizer ----------------------------------------------------------------------------------
@@ -97,8 +100,8 @@ class PairCheck:
 def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: int | None) -> PairCheck:
     """Pre-load checks of a draft checkpoint against its target's config.json: validate's rules (vocab,
     hidden size, depth, tensors), then the block size and --draft-topk. DsparkError names the first problem."""
-    from dspark_cli.runtime.config import DraftConfig
-    from dspark_cli.runtime.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     report = validate_checkpoint(ckpt, target_config)
     if report.errors:
@@ -217,7 +220,7 @@ class CheckedPair:
 
     def encode(self, text: str, chat: bool | None = None, thinking: bool | None = None) -> list[int]:
         """Token ids of one prompt (chat: see `chat`; thinking: the template's enable_thinking, None: not passed)."""
-        from dspark_cli.runtime.chat import encode_prompt
+        from dspark_cli.runtime.decode.chat import encode_prompt
 
         return encode_prompt(self.tokenizer, text, self.chat(chat), self.target_source, thinking)
 
@@ -227,16 +230,15 @@ class CheckedPair:
 
     def load(self, progress: bool = True) -> "Pair":
         """Read the weights: the target (with hidden-state capture) and the draft sharing its embedding / head."""
-        from dspark_cli.runtime.config import DraftConfig
-        from dspark_cli.runtime.draft import DSparkDraft
-        from dspark_cli.runtime.target import TargetModel
+        from dspark_cli.runtime.checkpoint.config import DraftConfig
+        from dspark_cli.runtime.model.draft_io import load_draft
+        from dspark_cli.runtime.model.target import TargetModel
 
         indices = DraftConfig.from_dict(self.checkpoint.config).hidden_state_indices
         with _progress_bars(progress):
             target = TargetModel.load(self.target_source, indices, dtype=self.dtype, device=self.device)
-            draft = DSparkDraft.from_checkpoint(self.checkpoint, target_embed=target.embed_weight,
-                                                target_lm_head=target.lm_head_weight, dtype=self.dtype,
-                                                device=self.device)
+            draft = load_draft(self.checkpoint, target_embed=target.embed_weight,
+                               target_lm_head=target.lm_head_weight, dtype=self.dtype, device=self.device)
         warnings = list(self.warnings)
         corrupt = nonfinite_warning(self.draft_source, nonfinite_weights(draft))
         if corrupt is not None:
@@ -252,7 +254,7 @@ class Pair:
 
     checked: CheckedPair
     target: object  # runtime.target.TargetModel
-    draft: object  # runtime.draft.DSparkDraft
+    draft: object  # runtime.model.draft.DSparkDraft
     stop_ids: list[int]
     warnings: list[str] = field(default_factory=list)  # the check's, then NaN/inf in the draft's weights
 
@@ -271,9 +273,9 @@ class Pair:
     ) -> CheckedPair:
         """Resolve and check everything that needs no weights. target/draft: folder or hub id; both None: the demo
         pair. block_size / draft_topk None: the draft config's. DsparkError names the first problem."""
-        from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
+        from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
         from dspark_cli.runtime.demo import demo_pair
-        from dspark_cli.runtime.paths import require_utf8_path
+        from dspark_cli.runtime.checkpoint.paths import require_utf8_path
 
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
-from dspark_cli.runtime.checkpoint import open_checkpoint, read_target_config
-from dspark_cli.runtime.config import DraftConfig
-from dspark_cli.runtime.rules import Report, validate_checkpoint
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
 
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method

@@ -1,0 +1,10 @@
+"""checkpoint/: a draft checkpoint as files, before any weight is loaded (torch-free).
+
+- read.py      open a local folder or hub id: config.json, safetensors headers, one tensor on demand; the one
+               JSON reader (`open_checkpoint`, `read_target_config`, `parse_json_text`, `CheckpointError`)
+- config.py    `DraftConfig`: every config key and its vLLM resolution order; other draft formats mapped onto it
+- layout.py    the tensor schema: names, aliases, the tensors a config implies, the Linear layers vLLM builds
+- rules/       `validate_checkpoint` -> `Report` of findings (what `dspark validate` prints)
+- files.py     safe output for every command: input-overlap guard, output checks, atomic files and folders
+- paths.py     refuse paths the native safetensors / tokenizers readers cannot open
+"""

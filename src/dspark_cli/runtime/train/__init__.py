@@ -1,0 +1,12 @@
+"""train/: distilling a draft against a frozen HF causal LM (`dspark train`), and the demo pair's build.
+
+- options.py      `TrainOptions` and the names of a checkpoint's trainer files
+- run.py          `prepare_run`: target, data and draft (new or resumed) checked and loaded for one run
+- trainer.py      `DraftTrainer` (one optimizer step, checkpoints), `train_loop`, `latest_checkpoint`
+- loss.py         the objective: anchors, query blocks, the teacher-forced draft forward, the loss sums
+- new_draft.py    a new draft for a target: `DraftShape`, mask token, config.json, shared weights
+- checks.py       checks before allocating (window, memory), resume points, `checkpoint_shape`
+- data.py         text / JSONL / chat data -> token stream;  output.py: the output folder, claimed up front
+- tiny_target.py  next-token training of a tiny target;  demo_build.py: the deterministic demo-pair builder
+Many processes under torchrun: `dspark_cli.runtime.distributed`.
+"""

@@ -1,0 +1,172 @@
+"""A new draft for a target: its geometry (DraftShape), mask token, config.json and weights shared with the target.
+
+The layout follows DeepSpec: the target's Qwen3 config with the draft fields overridden; the draft shares frozen
+copies of the target's embedding and lm_head unless asked to train its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.model.draft import DSparkDraft
+from dspark_cli.runtime.model.draft_io import tie_to_target
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """Geometry of a new draft; the backbone width, heads and MLP are copied from the target."""
+
+    layers: int = 1
+    block_size: int = 7
+    target_layers: tuple[int, ...] | None = None  # None: evenly spaced (default_target_layers)
+    markov_rank: int = 256  # 0: a DFlash draft
+    confidence: bool = True
+    confidence_with_markov: bool = True
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, else a free or an added id
+    train_embeddings: bool = False  # False: a frozen copy of the target's embedding (DeepSpec)
+    train_lm_head: bool = False  # False: a frozen copy of the target's lm_head (DeepSpec)
+
+
+@dataclass
+class MaskChoice:
+    token_id: int
+    vocab_size: int  # draft input vocabulary (target rows, + 1 when the mask token was added)
+    note: str
+
+
+
+def default_target_layers(num_target_layers: int, count: int) -> list[int]:
+    """Evenly spaced target layers as DeepSpec / z-lab choose them (1 .. L-3; one draft layer: the middle one).
+
+    Small targets (under 6 layers) use 0 .. L-2; the last layer is never used (HF's last hidden state is
+    post-norm). Duplicates after rounding are dropped.
+    """
+    if num_target_layers < 2:
+        raise DsparkError(f"the target has {num_target_layers} layer(s); a draft needs a target with at least 2.")
+    if count == 1:
+        return [num_target_layers // 2 - (1 if num_target_layers <= 2 else 0)]
+    start, end = (1, num_target_layers - 3) if num_target_layers >= 6 else (0, num_target_layers - 2)
+    if count > end - start:  # every layer in range (and no loop over a huge count)
+        return list(range(start, end + 1))
+    ids = {round(start + i * (end - start) / (count - 1)) for i in range(count)}
+    return sorted(ids)
+
+
+def choose_mask_token(tokenizer, embedding_rows: int, requested: int | None) -> MaskChoice:
+    """The draft's mask token: as requested, the tokenizer's mask token, a free embedding row, or one added."""
+    if requested is not None:
+        if not 0 <= requested <= embedding_rows:
+            raise DsparkError(f"--mask-token-id {requested} is outside the target's vocabulary (0..{embedding_rows - 1}"
+                              f", or {embedding_rows} to add one).")
+        if requested == embedding_rows:
+            return MaskChoice(requested, embedding_rows + 1, f"mask token {requested} added to the vocabulary")
+        return MaskChoice(requested, embedding_rows, f"mask token {requested} (as requested)")
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = tokenizer.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in tokenizer.get_vocab() else None
+    if mask_id is not None and mask_id < embedding_rows:
+        return MaskChoice(mask_id, embedding_rows, f"mask token {mask_id} (the tokenizer's mask token)")
+    if len(tokenizer) < embedding_rows:
+        return MaskChoice(len(tokenizer), embedding_rows,
+                          f"mask token {len(tokenizer)} (the first embedding row the tokenizer never produces)")
+    return MaskChoice(embedding_rows, embedding_rows + 1,
+                      f"the tokenizer has no free id: mask token {embedding_rows} added to the draft's vocabulary "
+                      "(the draft ships its own embed_tokens with one extra row)")
+
+
+def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: list[int], mask: MaskChoice,
+                      anchors: int) -> dict:
+    """DeepSpec's layout: the target's Qwen3 config with the draft fields overridden."""
+    config = {k: v for k, v in target_config.items()
+              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
+                           "sliding_window", "use_sliding_window", "max_window_layers")}
+    target_vocab = target_config["vocab_size"]
+    config.update(
+        architectures=["Qwen3DSparkModel"],
+        model_type="qwen3",
+        num_hidden_layers=shape.layers,
+        num_target_layers=target_config["num_hidden_layers"],
+        layer_types=["full_attention"] * shape.layers,
+        target_layer_ids=list(target_layers),
+        mask_token_id=mask.token_id,
+        block_size=shape.block_size,
+        num_anchors=anchors,
+        markov_rank=shape.markov_rank,
+        enable_confidence_head=shape.confidence,
+        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
+        tie_word_embeddings=False,
+        vocab_size=mask.vocab_size,
+        use_cache=True,
+    )
+    if shape.markov_rank:
+        config["markov_head_type"] = "vanilla"
+    if mask.vocab_size != target_vocab:
+        config["draft_vocab_size"] = target_vocab
+    return config
+
+
+def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
+    """A freshly initialised draft for `target`, sharing (frozen) its embedding and lm_head."""
+    config, mask = new_draft_config(target.config.to_dict(), tokenizer, shape, anchors)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    return draft, mask
+
+
+def new_draft_config(target_config: dict, tokenizer, shape: DraftShape, anchors: int) -> tuple[dict, MaskChoice]:
+    """The config.json of a new draft for a target (its config.json as a dict) and the mask token chosen."""
+    layers = draft_target_layers(target_config, shape)
+    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
+    return draft_config_dict(target_config, shape, layers, mask, anchors), mask
+
+
+def draft_target_layers(target_config: dict, shape: DraftShape) -> list[int]:
+    """The target layers feeding a new draft: as the shape asks, else evenly spaced; checked against the target."""
+    num_layers = target_config["num_hidden_layers"]
+    layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
+    if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
+        raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
+                          f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
+    return layers
+
+
+def build_draft(config: dict, target) -> DSparkDraft:
+    """A draft for this config whose embedding and lm_head are the target's, frozen (plus a trainable mask row
+    when the config's vocabulary has one row more than the target's)."""
+    embed = target.get_input_embeddings().weight.detach().float()
+    lm_head = target.get_output_embeddings().weight.detach().float()
+    draft = DSparkDraft(DraftConfig.from_dict(config))
+    if draft.config.vocab_size == embed.shape[0]:
+        tie_to_target(draft, embed, lm_head)
+    else:
+        tie_to_target(draft, None, lm_head)
+        _extend_embedding(draft, embed)
+    return draft
+
+
+def _extend_embedding(draft: DSparkDraft, target_embed: torch.Tensor) -> None:
+    """Own embedding = the target's rows (frozen) + one trainable mask row, initialised to their mean."""
+    weight = torch.cat([target_embed, target_embed.mean(0, keepdim=True)])  # [V+1, H]
+    draft.embed_tokens.weight = torch.nn.Parameter(weight)
+    trainable_row = torch.zeros(weight.shape[0], 1)
+    trainable_row[-1] = 1.0
+    draft.embed_tokens.weight.register_hook(lambda grad: grad * trainable_row.to(grad))
+
+
+def train_shared_weights(draft: DSparkDraft, shape: DraftShape) -> None:
+    """Give the draft its own trainable copies of the target's embedding / lm_head when the shape asks for them
+    (cloned: the frozen target keeps its weights; a trained embedding trains every row, an added mask row too)."""
+    if shape.train_embeddings:
+        draft.embed_tokens.weight = torch.nn.Parameter(draft.embed_tokens.weight.detach().clone())
+        draft.shares_embed = False
+    if shape.train_lm_head:
+        draft.lm_head.weight = torch.nn.Parameter(draft.lm_head.weight.detach().clone())
+        draft.shares_lm_head = False
+
+
+def trainable_parameters(draft: DSparkDraft) -> list[torch.nn.Parameter]:
+    return [p for p in draft.parameters() if p.requires_grad]

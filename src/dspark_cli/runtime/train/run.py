@@ -1,0 +1,85 @@
+"""A whole `dspark train` run prepared: the target, the data and the draft (new or resumed) with its trainer.
+
+Everything that can be checked without the weights is checked before the target and the draft are allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.devices import resolve_device, resolve_dtype
+from dspark_cli.runtime.model.target import load_causal_lm
+from dspark_cli.runtime.train.options import TrainOptions
+from dspark_cli.runtime.train.trainer import DraftTrainer
+from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, train_shared_weights, trainable_parameters
+from dspark_cli.runtime.distributed import SINGLE, DistContext
+
+
+@dataclass
+class TrainingRun:
+    trainer: DraftTrainer
+    out: Path
+    notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
+
+
+def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
+    """The target's tokenizer and config.json as a dict, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
+    except (OSError, ValueError, KeyError) as error:
+        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
+                          "or hub id with its tokenizer.") from error
+    return tokenizer, config
+
+
+def load_target_model(path: str | Path, device: torch.device):
+    """The frozen target (bf16 on CUDA, fp32 on CPU), loaded as `dspark generate` loads it (load_causal_lm)."""
+    model = load_causal_lm(path, dtype=resolve_dtype("auto", device), device=device)
+    return model.eval().requires_grad_(False)
+
+
+def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
+                device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
+                force: bool = False, dist: DistContext = SINGLE) -> TrainingRun:
+    """Load the target and data, create (or resume) the draft and its trainer; `out` is created here (by rank 0
+    alone when many processes train: the others never touch it).
+
+    Everything that can be checked without the weights (the output folder, the window, one step's memory, the
+    resume checkpoint) is checked before the target and the draft are allocated."""
+    from dspark_cli.runtime.train.checks import plan_draft, read_resume_point
+    from dspark_cli.runtime.train.trainer import restore_trainer
+    from dspark_cli.runtime.train.data import load_token_stream
+    from dspark_cli.runtime.train.output import check_output, create_output
+
+    torch_device = dist.device(resolve_device(device))
+    out = Path(out)
+    claim = check_output(out, target_path, data, resume, chat_template, force) if dist.is_main else None
+    tokenizer, target_config = load_tokenizer_and_config(target_path)
+    stream = load_token_stream(data, tokenizer, chat_template)
+    seq_len = min(options.seq_len, stream.max_window)
+    point = read_resume_point(resume) if resume is not None else None
+    config, notes = plan_draft(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
+    target = load_target_model(target_path, torch_device)
+    torch.manual_seed(options.seed)
+    draft = build_draft(config, target)
+    train_shared_weights(draft, shape)
+    if point is not None:
+        saved = {name.removeprefix("draft.") for name in point.tensors if name.startswith("draft.")}
+        if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:
+            raise DsparkError(f"--resume {resume}: the checkpoint was trained with other --train-embeddings / "
+                              "--train-lm-head flags than this run's; resume with the same flags.")
+    notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
+                 f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
+    trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)
+    if point is not None:
+        restore_trainer(trainer, point)
+    if dist.is_main:
+        create_output(out, claim)
+    return TrainingRun(trainer, out, notes)
