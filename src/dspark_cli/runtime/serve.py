@@ -24,6 +24,7 @@ from dspark_cli.errors import EXIT_FINDINGS, DsparkError
 from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
+from dspark_cli.runtime.model.target_files import check_target_files
 
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
@@ -93,7 +94,9 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     check_request(request)
     target = _model_path(request.target, "target")
     ckpt = open_checkpoint(request.draft)
-    report = validate_checkpoint(ckpt, read_target_config(request.target))
+    target_config = read_target_config(request.target)
+    check_target_files(request.target, config=False)  # broken weight files: vLLM would fail on them too
+    report = validate_checkpoint(ckpt, target_config)
     if report.errors:
         raise DraftRefused(report, request.target)
     config = DraftConfig.from_dict(ckpt.config)
