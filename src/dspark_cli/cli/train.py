@@ -105,6 +105,7 @@ def train(
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
+    from dspark_cli.runtime.checkpoint.files import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.distributed import torch_distributed_error
 
@@ -145,6 +146,12 @@ def train(
             raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
         stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
         raise
+    except OSError as error:  # a full disk or a read-only place while writing a checkpoint, the draft or the log
+        if not (dist.is_main and is_disk_error(error)):
+            raise
+        where = f" {error.filename}" if error.filename else ""
+        raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
+                          f"{_kept_after_interrupt(out, existed)}.") from None
     except torch_distributed_error() as error:
         raise distributed.lost_contact(dist, error) from error
     finally:
