@@ -69,8 +69,9 @@ def handle_errors(command: Callable) -> Callable:
             if not files.is_disk_error(error):
                 raise
             where = f" {error.filename}" if error.filename else ""
-            _print_error(_with_written(f"cannot write{where}: {error.strerror or error}; free space or choose a "
-                                       "writable place.", files))
+            verb = "write" if files.is_full_or_read_only(error) else "access"
+            _print_error(_with_written(f"cannot {verb}{where}: {error.strerror or error}; free space, or choose a "
+                                       "place this user may write.", files))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except (KeyboardInterrupt, Terminated) as stop:
             terminated = isinstance(stop, Terminated)

@@ -152,6 +152,11 @@ def is_disk_error(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in DISK_ERRNOS
 
 
+def is_full_or_read_only(error: BaseException) -> bool:
+    """A disk error that only a write can meet: no space, a quota, a read-only file system, a file too large."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
 # --- atomic files --------------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Mutation audit: apply each hand-made bug to a copy of the source, run the tests that should catch it, restore.
 
-    python benchmarks/mutation_audit.py [ID ...]     # all mutations, or the named ones
+    python scripts/mutation_audit.py [ID ...]     # all mutations, or the named ones
 
 Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
@@ -36,6 +36,7 @@ def m(id, what, file, edits, *tests):
 
 KNOWN = "test_known_values.py"
 ROUND = "test_round_acceptance.py"
+SWEEP = "test_trust_sweep.py"
 MUTATIONS = [
     m("S1", "q over the target vocabulary without the request's top-k/top-p", "decode/speculative.py",
       [("probs = sampling.target_probs(logits, drafter.params)",
@@ -94,6 +95,34 @@ MUTATIONS = [
       ROUND),
     m("A2", "residual distribution is p instead of max(p - q, 0)", "decode/sampling.py",
       [("residual = (p_next - q_next).clamp_min(0.0)", "residual = p_next")], ROUND),
+    # the audit of the code this issue added (the sweep and the validate cases must see each)
+    m("O1", "--log-jsonl not checked against the inputs", "train/output.py",
+      [('    check_output_file(log, inputs, "--log-jsonl file")\n', "")], SWEEP),
+    m("O2", "serve lets -sc through", "serve.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
+      SWEEP),
+    m("O3", "--threads not bounded by the cores", "threads.py",
+      [("if not 1 <= requested <= cores:", "if not 1 <= requested:")], SWEEP),
+    m("O4", "validate accepts any hidden_act", "checkpoint/rules/config_rules.py",
+      [('view["hidden_act"] != "silu"', 'view["hidden_act"] not in ("silu", "bogus")')], SWEEP,
+      "test_validate_rules.py"),
+    m("O5", "errors do not name what was already written", "../cli/render.py",
+      [("    written = files.written_outputs()\n    if not written:", "    written = []\n    if not written:")],
+      SWEEP),
+    m("O6", "the target's config is not built before loading", "model/target_files.py",
+      [("    if not config:\n        return\n", "    return\n")], SWEEP),
+    m("O7", "a full disk inside an atomic folder is not worded", "checkpoint/files.py",
+      [("        if is_disk_error(error):\n            state =", "        if False:\n            state =")], SWEEP),
+    m("O8", "eval's SIGTERM does not name the run file", "../cli/eval.py",
+      [("            stop.kept = (f\"the {len(run.results)} finished", "            _ = (f\"the {len(run.results)} finished")],
+      SWEEP),
+    m("O9", "an unstartable vllm is a traceback", "serve.py",
+      [("        os.execvp(argv[0], argv)\n    except OSError as error:",
+        "        os.execvp(argv[0], argv)\n    except ZeroDivisionError as error:")], SWEEP),
+    m("O10", "a weight stored in another shape than the config implies is loaded", "model/target.py",
+      [("    if mismatched:\n", "    if False:\n")], SWEEP),
+    m("O11", "atomic files claim the old file was kept when it was not", "checkpoint/files.py",
+      [('state = "keeps its earlier content" if existed else "was not created"',
+        'state = "keeps its earlier content"')], SWEEP),
 ]
 
 
