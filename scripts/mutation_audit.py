@@ -101,7 +101,7 @@ MUTATIONS = [
     m("O2", "serve lets -sc through", "serve.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
       SWEEP),
     m("O3", "--threads not bounded by the cores", "threads.py",
-      [("if not 1 <= requested <= cores:", "if not 1 <= requested:")], SWEEP),
+      [("if not 1 <= requested <= cores:", "if not 1 <= requested:")], "test_threads.py", SWEEP),
     m("O4", "validate accepts any hidden_act", "checkpoint/rules/config_rules.py",
       [('view["hidden_act"] != "silu"', 'view["hidden_act"] not in ("silu", "bogus")')], SWEEP,
       "test_validate_rules.py"),
@@ -139,8 +139,12 @@ def run(mutation: Mutation, copy: Path) -> str:
         env = dict(os.environ, PYTHONPATH=str(copy / "src"), HF_HUB_OFFLINE="1")
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                  *mutation.tests], cwd=copy, env=env, capture_output=True, text=True)
+        if result.returncode == 0:
+            return "MISSED"
         failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-        return f"CAUGHT by {failed[0].split(' - ')[0].split(' ', 1)[1]}" if result.returncode else "MISSED"
+        if not failed:
+            return f"CAUGHT (pytest exited {result.returncode})"
+        return f"CAUGHT by {failed[0].split(' - ')[0].split(' ', 1)[1]}"
     finally:
         path.write_text(original)
 
