@@ -248,13 +248,13 @@ CASES = [
          ws.target / "config.json")), 2, ("--json file", "inside the target"), forbidden=("Traceback",)),
     # 2. the target's side: one sentence naming the file, before any weight is read
     Case("target", "rms_norm_eps-a-string", lambda ws: generate(ws.target_with("eps", config_edit(rms_norm_eps="x")),
-         ws), 2, ("config.json", "rms_norm_eps")),
+         ws), 2, ("target-eps/config.json", "rms_norm_eps")),
     Case("target", "max_position_embeddings-a-string", lambda ws: generate(ws.target_with("mpe", config_edit(
-         max_position_embeddings="2048")), ws), 2, ("config.json", "max_position_embeddings")),
+         max_position_embeddings="2048")), ws), 2, ("target-mpe/config.json", "max_position_embeddings")),
     Case("target", "rope_parameters-a-list", lambda ws: generate(ws.target_with("rope", config_edit(
-         rope_parameters=[1, 2])), ws), 2, ("config.json", "rope_parameters")),
+         rope_parameters=[1, 2])), ws), 2, ("target-rope/config.json", "rope_parameters")),
     Case("target", "layer_types-shorter-than-the-layers", lambda ws: generate(ws.target_with("layers", config_edit(
-         layer_types=["full_attention"] * 3)), ws), 2, ("config.json", "layer_types")),
+         layer_types=["full_attention"] * 3)), ws), 2, ("target-layers/config.json", "layer_types")),
     Case("target", "tokenizer.json-empty-object", lambda ws: generate(ws.target_with("tok", write_file(
          "tokenizer.json", "{}")), ws), 2, ("tokenizer", "tokenizer.json")),
     Case("target", "tokenizer_config.json-a-list", lambda ws: generate(ws.target_with("tokconf", write_file(
@@ -267,7 +267,7 @@ CASES = [
          header_lies_about_a_shape), ws), 2, ("model.embed_tokens.weight", "shape")),
     Case("target", "eval-with-a-broken-config", lambda ws: ["eval", "--target", str(ws.target_with(
          "eps", config_edit(rms_norm_eps="x"))), "--draft", str(ws.draft), "--data", str(DEMO_DIR / "eval_code.jsonl"), "--limit", "1"], 2,
-         ("rms_norm_eps",)),
+         ("target-eps/config.json", "rms_norm_eps")),
     Case("target", "train-with-a-broken-tokenizer", lambda ws: ["train", "--target", str(ws.target_with("tok",
          write_file("tokenizer.json", "{}"))), "--data", str(ws.data), "-o", str(ws.path("o2")), "--steps", "1"],
          2, ("tokenizer",), absent=lambda ws: [ws.path("o2")]),
