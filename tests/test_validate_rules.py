@@ -334,6 +334,8 @@ CASES = [
     Case("DSP035", edited(rope_parameters={"rope_type": "default", "partial_rotary_factor": 1.5})),
     Case("DSP035", edited(layer_types=["full_attention"] * 5)),
     Case("DSP035", edited(layer_types=["full_attention", "chunked"])),
+    Case("DSP035", edited(rope_theta="1e6")),
+    Case("DSP035", edited(layer_types=["sliding_attention", "full_attention"], sliding_window=-4)),
     Case("DSP201", mutated(drop("layers.1.mlp.down_proj.weight"))),
     Case("DSP201", mutated(drop("confidence_head.proj.bias"))),
     Case("DSP202", mutated(replace_tensor("fc.weight", torch.zeros(64, 100, dtype=torch.bfloat16)))),

@@ -278,9 +278,10 @@ def backbone_values(ctx: RuleContext) -> Results:
     """DSP035 per config value vLLM's Qwen3 backbone cannot build from (vllm/model_executor/models/qwen3_dflash.py,
     DFlashQwen3DecoderLayer.__init__, which Qwen3DSparkModel reuses): hidden_act (its MLP is qwen2.Qwen2MLP, which
     raises "Unsupported activation ... Only silu is supported for now" for anything else), rms_norm_eps (the eps of
-    every RMSNorm), max_position_embeddings (get_rope's cache length), head_dim, attention_bias, is_neox_style,
-    rope_parameters (get_rope: a dict whose rope_type it knows, rope_theta, partial_rotary_factor in (0, 1]) and
-    layer_types (indexed per layer by _resolve_layer_attention, so it needs one known entry per layer)."""
+    every RMSNorm), max_position_embeddings (get_rope's cache length), attention_bias, is_neox_style, rope_theta,
+    rope_parameters (get_rope: a dict whose rope_type it knows, rope_theta, partial_rotary_factor in (0, 1]),
+    layer_types (indexed per layer by _resolve_layer_attention, so it needs one known entry per layer) and the
+    sliding window of sliding layers. The geometry keys are DSP010's, logit_scale DSP032's."""
     out, view = Results(), ctx.config.vllm_config
     fix = "Copy the value from the config the draft was trained with (DeepSpec copies the target's)."
 
@@ -297,8 +298,13 @@ def backbone_values(ctx: RuleContext) -> Results:
     for key in ("attention_bias", "is_neox_style"):
         if key in view and not isinstance(view[key], bool):
             bad(key, view[key], "true or false", "it selects the layer's biases / RoPE layout")
+    if "rope_theta" in view and not (_number(view["rope_theta"]) and 0 < view["rope_theta"] < float("inf")):
+        bad("rope_theta", view["rope_theta"], "a positive number", "the RoPE base set_default_rope_theta keeps")
     out += _rope_parameters(view)
     types, layers = view.get("layer_types"), view.get("num_hidden_layers")
+    window = as_dict(view.get("dflash_config")).get("swa_window_size", view.get("sliding_window"))
+    if isinstance(types, list) and "sliding_attention" in types and window is not None and not positive_int(window):
+        bad("sliding_window", window, "a positive integer", "the attention window of the sliding layers")
     if types is not None:
         known = isinstance(types, list) and all(t in LAYER_TYPES for t in types)
         if not known or (positive_int(layers) and len(types) != layers):
