@@ -7,6 +7,8 @@ Every command that writes goes through this module:
   - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
     (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
+  - `record_written` / `written_outputs`: the outputs a command has put in place, so that a later error or an
+    interrupt says truly what is on disk (the CLI names them; "nothing was written" only when nothing was);
 Files and folders are created with the usual modes (0666 / 0777 minus the umask), as other tools do.
 """
 
