@@ -271,6 +271,9 @@ CASES = [
     Case("target", "train-with-a-broken-tokenizer", lambda ws: ["train", "--target", str(ws.target_with("tok",
          write_file("tokenizer.json", "{}"))), "--data", str(ws.data), "-o", str(ws.path("o2")), "--steps", "1"],
          2, ("tokenizer",), absent=lambda ws: [ws.path("o2")]),
+    Case("target", "serve-with-a-broken-config", lambda ws: ["serve", "--target", str(ws.target_with(
+         "eps", config_edit(rms_norm_eps="x"))), "--draft", str(ws.draft), "--dry-run"], 2,
+         ("target-eps/config.json", "rms_norm_eps")),
     Case("target", "serve-with-truncated-weights", lambda ws: ["serve", "--target", str(ws.target_with(
          "trunc", truncate_weights)), "--draft", str(ws.draft), "--dry-run"], 2, ("model.safetensors",)),
     # 4. full disks and dying writes: one sentence, exit 2, temporary files removed, true messages

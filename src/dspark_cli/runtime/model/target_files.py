@@ -42,7 +42,7 @@ def check_target_files(source: str | Path, config: bool = True) -> None:
     A local folder's weight headers go through the same reader as a draft's (truncated files, files that are not
     safetensors, headers whose offsets do not fit the file or the shapes); then transformers must be able to build
     the model's config from config.json (value types, rope_parameters, layer_types against the depth); config=False
-    leaves that out (it imports transformers)."""
+    checks the common values by type instead, without importing transformers (serve)."""
     from dspark_cli.runtime.checkpoint.read import open_checkpoint
 
     folder = Path(source).expanduser()
@@ -51,6 +51,7 @@ def check_target_files(source: str | Path, config: bool = True) -> None:
         if any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
             open_checkpoint(folder)  # CheckpointError (one sentence, the file named) for broken weight files
     if not config:
+        _check_config_values(folder / "config.json" if folder.is_dir() else Path(str(source)), source)
         return
     from transformers import AutoConfig
 
@@ -60,6 +61,36 @@ def check_target_files(source: str | Path, config: bool = True) -> None:
         where = folder / "config.json" if folder.is_dir() else source
         raise DsparkError(f"the target's config.json ({where}) cannot be built by transformers: "
                           f"{first_line(error)}; fix that value or re-download the model.") from error
+
+
+def _check_config_values(config_path: Path, source: str | Path) -> None:
+    """Without transformers (serve): the config values every causal LM is built from, by type. transformers (and so
+    vLLM, which reads the config through it) refuses the same values with its own exceptions."""
+    from dspark_cli.runtime.checkpoint.read import read_target_config
+
+    config = read_target_config(source)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    problems = [f"{key} is {text[key]!r} (a positive integer is needed)"
+                for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                            "max_position_embeddings", "intermediate_size") if key in text and not count(text[key])]
+    if "rms_norm_eps" in text and not number(text["rms_norm_eps"]):
+        problems.append(f"rms_norm_eps is {text['rms_norm_eps']!r} (a positive number is needed)")
+    if text.get("rope_parameters") is not None and not isinstance(text["rope_parameters"], dict):
+        problems.append(f"rope_parameters is {text['rope_parameters']!r} (an object is needed)")
+    types, layers = text.get("layer_types"), text.get("num_hidden_layers")
+    if types is not None and (not isinstance(types, list) or (count(layers) and len(types) != layers)):
+        problems.append(f"layer_types has {len(types) if isinstance(types, list) else types!r} entries for "
+                        f"{layers} layers")
+    if problems:
+        raise DsparkError(f"the target's config.json ({config_path}) cannot be built: {'; '.join(problems)}; fix "
+                          "that value or re-download the model.")
 
 
 def load_target_tokenizer(source: str | Path):
