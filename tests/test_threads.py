@@ -1,10 +1,11 @@
 """The default thread count of `dspark generate` (runtime/threads.py)."""
 
+import pytest
 import torch
 from torch import nn
 
 from dspark_cli.runtime import threads as threads_module
-from dspark_cli.runtime.threads import SMALL_MODEL_PARAMETERS, default_threads, parameter_count, set_threads
+from dspark_cli.runtime.threads import SMALL_MODEL_PARAMETERS, check_threads, default_threads, parameter_count, set_threads
 
 
 def test_small_models_get_one_thread_large_ones_every_core():
@@ -49,12 +50,26 @@ def test_generate_sets_threads_from_the_option_or_the_model_size(monkeypatch):
     monkeypatch.setattr(threads_module, "set_threads", lambda requested, *models: calls.append(
         (requested, parameter_count(*models))) or real(requested, *models))
     runner = CliRunner()
-    for extra in (["--threads", "2"], []):
+    two = str(min(2, threads_module._usable_cores() or 1))  # --threads above the usable cores is refused
+    for extra in (["--threads", two], []):
         result = runner.invoke(app, ["generate", "def f(x):", "--max-new-tokens", "3", "--device", "cpu", *extra])
         assert result.exit_code == 0, result.output
     (explicit, demo_size), (default, same_size) = calls
-    assert (explicit, default) == (2, None) and demo_size == same_size
+    assert (explicit, default) == (int(two), None) and demo_size == same_size
     assert 1_000_000 < demo_size < SMALL_MODEL_PARAMETERS  # the demo pair: one thread by default
     assert torch.get_num_threads() == 1
     refused = runner.invoke(app, ["generate", "def f(x):", "--threads", "0"])
     assert refused.exit_code == 2
+
+
+def test_thread_counts_are_bounded_by_the_usable_cores(monkeypatch):
+    """More threads than cores only wait for each other, and 100,000 exhaust the host's process ids."""
+    monkeypatch.setattr(threads_module, "_usable_cores", lambda: 4)
+    check_threads(None)
+    check_threads(1)
+    check_threads(4)
+    for bad in (0, 5, 100_000):
+        with pytest.raises(ValueError, match="between 1 and the 4 CPU cores"):
+            check_threads(bad)
+    with pytest.raises(ValueError):
+        set_threads(100_000)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dspark_cli.cli import options, render
-from dspark_cli.errors import EXIT_INTERRUPTED
+from dspark_cli.errors import Terminated
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
@@ -111,12 +111,11 @@ def eval_command(
 
     try:
         _run_sets(run, sets, session, save, out)
-    except KeyboardInterrupt:
-        if json_path is None:
-            raise
-        render.err_console.print(f"[yellow]interrupted[/]: the {len(run.results)} finished prompts are saved in "
-                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (KeyboardInterrupt, Terminated) as stop:  # render.handle_errors prints `kept` and exits 130 / 143
+        if json_path is not None and run.results and Path(json_path).is_file():
+            stop.kept = (f"the {len(run.results)} finished prompts are saved in {json_path}; continue with "
+                         f"`dspark eval --resume {json_path}`")
+        raise
 
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
     everything = [r for s in sets for r in run.results_of(s)]

@@ -62,7 +62,7 @@ def generate(
     from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
     from dspark_cli.runtime.decode.metrics import summarize
     from dspark_cli.runtime.pair import Pair, SamplingParams
-    from dspark_cli.runtime.threads import set_threads
+    from dspark_cli.runtime.threads import check_threads, set_threads
 
     out = render.err_console if options.to_stdout(json_path) else render.console
     if (target is None) != (draft is None):
@@ -74,6 +74,10 @@ def generate(
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     except ValueError as error:
         raise DsparkError(f"{error}.") from None
+    try:
+        check_threads(threads)  # before anything loads: --threads 100000 would exhaust the host's process ids
+    except ValueError as error:
+        raise DsparkError(f"--threads: {error}.") from None
     checked = Pair.check(target, draft, device=device, dtype=dtype, block_size=block_size, draft_topk=draft_topk,
                          markov=markov, confidence_threshold=confidence_threshold)
     inputs = local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])

@@ -46,28 +46,49 @@ def handle_errors(command: Callable) -> Callable:
     A ValueError is the runtime's word for a bad value it was given (the runtime is a library: it raises
     ValueError, not DsparkError, for a value the caller chose): one sentence and exit 2, like DsparkError.
 
-    An interrupt may carry `kept`, a sentence saying what the command kept on disk (train's checkpoints);
-    otherwise nothing was written (outputs are atomic).
+    A failed write (full disk, quota, read-only, permission denied: files.is_disk_error) is one sentence and exit 2
+    as well. Every message about what is on disk is true: the outputs already put in place by this command
+    (files.written_outputs) are named after an error, and an interrupt says "nothing was written" only when nothing
+    was. An interrupt may carry `kept`, a sentence saying what the command kept on disk (train's checkpoints).
     """
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        from dspark_cli.runtime.checkpoint import files
+
+        files.forget_written()
         try:
             return command(*args, **kwargs)
         except DsparkError as error:
-            _print_error(error.message)
+            _print_error(_with_written(error.message, files))
             raise typer.Exit(error.exit_code) from None
         except ValueError as error:
-            _print_error(sentence(str(error)))
+            _print_error(_with_written(sentence(str(error)), files))
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except OSError as error:
+            if not files.is_disk_error(error):
+                raise
+            where = f" {error.filename}" if error.filename else ""
+            verb = "write" if files.is_full_or_read_only(error) else "access"
+            _print_error(_with_written(f"cannot {verb}{where}: {error.strerror or error}; free space, or choose a "
+                                       "place this user may write.", files))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except (KeyboardInterrupt, Terminated) as stop:
             terminated = isinstance(stop, Terminated)
-            kept = getattr(stop, "kept", None) or "nothing was written"
+            kept = getattr(stop, "kept", None) or files.kept_sentence()
             err_console.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: {escape(kept)}",
                               highlight=False)
             raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
 
     return wrapper
+
+
+def _with_written(message: str, files) -> str:
+    """An error message followed by the outputs this command had already put in place, if any."""
+    written = files.written_outputs()
+    if not written:
+        return message
+    return f"{message} Already written and kept: {', '.join(str(path) for path in written)}."
 
 
 def _print_error(message: str) -> None:

@@ -105,6 +105,8 @@ def train(
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
+    from dspark_cli.runtime.checkpoint.files import is_disk_error
+    from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.distributed import torch_distributed_error
 
     hf_logging.disable_progress_bar()
@@ -130,6 +132,8 @@ def train(
     backend = distributed.start(dist, opts.torch_device(device), dist_timeout)
     if backend is not None:
         render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
+    if dist.is_main:
+        check_log_file(log, out, target, data, resume, chat_template)
     existed = out.exists()
     try:
         final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
@@ -142,6 +146,12 @@ def train(
             raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
         stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
         raise
+    except OSError as error:  # a full disk or a read-only place while writing a checkpoint, the draft or the log
+        if not (dist.is_main and is_disk_error(error)):
+            raise
+        where = f" {error.filename}" if error.filename else ""
+        raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
+                          f"{_kept_after_interrupt(out, existed)}.") from None
     except torch_distributed_error() as error:
         raise distributed.lost_contact(dist, error) from error
     finally:
@@ -155,8 +165,9 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
     from dataclasses import asdict
 
     from dspark_cli.runtime import distributed
-    from dspark_cli.runtime.train.trainer import train_loop
+    from dspark_cli.runtime.train.output import open_log_file
     from dspark_cli.runtime.train.run import prepare_run
+    from dspark_cli.runtime.train.trainer import train_loop
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
@@ -171,7 +182,7 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with ProgressWithStats(*columns, console=render.console) as progress:
         task = progress.add_task("train", total=options.steps, completed=run.trainer.step)
-        log_file = log.open("a", encoding="utf-8") if log is not None and dist.is_main else None
+        log_file = open_log_file(log) if log is not None and dist.is_main else None
 
         def on_step(report) -> None:
             accept = " ".join(f"{a:.2f}" for a in report.accept)

@@ -56,13 +56,9 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtyp
 
 
 def load_tokenizer(target: str):
-    from transformers import AutoTokenizer
+    from dspark_cli.runtime.model.target_files import load_target_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(target)
-    except (OSError, ValueError) as error:
-        raise DsparkError(f"cannot load a tokenizer from {target} ({error}); the target folder needs its tokenizer "
-                          "files (tokenizer.json, tokenizer_config.json).") from None
+    return load_target_tokenizer(target)
 
 
 def stop_ids(target_model, tokenizer) -> list[int]:
@@ -276,6 +272,7 @@ class Pair:
         from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
         from dspark_cli.runtime.demo import demo_pair
         from dspark_cli.runtime.checkpoint.paths import require_utf8_path
+        from dspark_cli.runtime.model.target_files import check_target_files
 
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
@@ -291,6 +288,7 @@ class Pair:
         require_utf8_path(draft, "--draft")
         ckpt = open_checkpoint(draft)  # headers only
         target_config = read_target_config(target)
+        check_target_files(target)  # config values and weight headers: one sentence before any weight is read
         check = check_pair(ckpt, target_config, block_size, draft_topk)
         return CheckedPair(target, draft, ckpt, target_config, torch_device, torch_dtype, markov, confidence_threshold,
                            check)

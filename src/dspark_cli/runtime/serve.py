@@ -24,6 +24,7 @@ from dspark_cli.errors import EXIT_FINDINGS, DsparkError
 from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
+from dspark_cli.runtime.model.target_files import check_target_files
 
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
@@ -93,7 +94,9 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     check_request(request)
     target = _model_path(request.target, "target")
     ckpt = open_checkpoint(request.draft)
-    report = validate_checkpoint(ckpt, read_target_config(request.target))
+    target_config = read_target_config(request.target)
+    check_target_files(request.target, config=False)  # broken weight files: vLLM would fail on them too
+    report = validate_checkpoint(ckpt, target_config)
     if report.errors:
         raise DraftRefused(report, request.target)
     config = DraftConfig.from_dict(ckpt.config)
@@ -119,11 +122,28 @@ def check_request(request: ServeRequest) -> None:
         raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
     for arg in request.vllm_args:
         flag = arg.split("=", 1)[0]
-        if flag in RESERVED_VLLM_FLAGS:
-            raise DsparkError(f"the extra vLLM arguments contain {flag}, which dspark builds itself; drop it and "
-                              "use dspark's own options (block size, draft top-k, draft sample method).")
+        if sets_speculative_config(arg):
+            raise DsparkError(f"the extra vLLM arguments contain {flag}, which sets vLLM's speculative config that "
+                              "dspark builds itself; drop it and use dspark's own options (block size, draft top-k, "
+                              "draft sample method).")
         if flag == "--port" and request.port is not None:
             raise DsparkError("the port is given twice (dspark's option and an extra vLLM argument); keep one.")
+
+
+def sets_speculative_config(arg: str) -> bool:
+    """Whether one extra vLLM argument sets (part of) the speculative config, in any spelling vLLM's parser takes:
+    --speculative-config / --speculative_config, its short form -sc (also with the value attached), a dotted key
+    (--speculative-config.num_speculative_tokens 5 sets one field of the JSON), or an unambiguous abbreviation
+    of the long flag (argparse accepts prefixes). vLLM: vllm/engine/arg_utils.py EngineArgs.add_cli_args, and
+    FlexibleArgumentParser (vllm/utils) for dotted keys."""
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("-sc"):
+        return True
+    if not flag.startswith("--"):
+        return False
+    long_flag = flag.split(".", 1)[0].replace("_", "-")
+    return long_flag in RESERVED_VLLM_FLAGS or (len(long_flag) >= len("--spec")
+                                                 and RESERVED_VLLM_FLAGS[0].startswith(long_flag))
 
 
 def draft_tokens_per_round(config: DraftConfig) -> int | None:
@@ -170,8 +190,19 @@ def find_vllm() -> str | None:
 
 
 def exec_vllm(argv: list[str]) -> NoReturn:
-    """Replace this process by vLLM: same PID, so signals reach vLLM and its exit code is the caller's."""
-    os.execvp(argv[0], argv)
+    """Replace this process by vLLM: same PID, so signals reach vLLM and its exit code is the caller's.
+
+    A `vllm` on PATH that the kernel cannot start (not an executable format, a missing interpreter on its #! line,
+    no permission) is one sentence."""
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as error:
+        where = shutil.which(argv[0]) or argv[0]
+        why = error.strerror or str(error)
+        if isinstance(error, FileNotFoundError) and os.path.exists(where):
+            why = "the interpreter named on its #! line does not exist"
+        raise DsparkError(f"cannot start {where}: {why}; the vllm on PATH is not a working executable, reinstall "
+                          "vLLM (pip install vllm) or fix PATH.") from None
 
 
 def _num_speculative_tokens(config: DraftConfig, requested: int | None, method: str) -> int:

@@ -30,9 +30,22 @@ def default_threads(num_params: int, cores: int | None, load: float = 0.0) -> in
     return max(1, min(cores, round(cores - load)))
 
 
+def check_threads(requested: int | None) -> None:
+    """ValueError for a thread count below 1 or above the cores this process may use: more threads than cores only
+    wait for each other, and an unbounded count exhausts the host's process ids (torch then crashes)."""
+    if requested is None:
+        return
+    cores = _usable_cores() or 1
+    if not 1 <= requested <= cores:
+        raise ValueError(f"the thread count must be between 1 and the {cores} CPU cores this process may use, got "
+                         f"{requested}")
+
+
 def set_threads(requested: int | None, *models: torch.nn.Module) -> int:
-    """Set torch's intra-op threads to `requested`, or to `default_threads` for the models' parameter count (shared
-    tensors counted once), the cores this process may use and the 1-minute load average; returns the count set."""
+    """Set torch's intra-op threads to `requested` (check_threads), or to `default_threads` for the models'
+    parameter count (shared tensors counted once), the cores this process may use and the 1-minute load average;
+    returns the count set."""
+    check_threads(requested)
     threads = requested or default_threads(parameter_count(*models), _usable_cores(), _load())
     torch.set_num_threads(threads)
     return threads

@@ -7,6 +7,8 @@ Every command that writes goes through this module:
   - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
     (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
+  - `record_written` / `written_outputs`: the outputs a command has put in place, so that a later error or an
+    interrupt says truly what is on disk (the CLI names them; "nothing was written" only when nothing was);
 Files and folders are created with the usual modes (0666 / 0777 minus the umask), as other tools do.
 """
 
@@ -117,6 +119,46 @@ def check_writable_parent(path: PathLike, what: str) -> None:
 # --- reading inputs ------------------------------------------------------------------------------------------------
 
 
+# --- what a command has written, for true messages when it stops ----------------------------------------------------
+
+_written: list[Path] = []  # outputs put in place since the last forget_written(), in order
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
+def record_written(path: PathLike) -> None:
+    """Note that `path` now holds a finished output (an atomic file renamed into place, a published folder)."""
+    path = Path(path)
+    if path not in _written:
+        _written.append(path)
+
+
+def written_outputs() -> list[Path]:
+    """The outputs put in place since forget_written(): what an error or an interrupt leaves behind."""
+    return list(_written)
+
+
+def forget_written() -> None:
+    """Start a new command: nothing written yet."""
+    _written.clear()
+
+
+def kept_sentence() -> str:
+    """What is on disk after a failed or interrupted command, as a clause: 'nothing was written' when true."""
+    if not _written:
+        return "nothing was written"
+    return "already written and kept: " + ", ".join(str(path) for path in _written)
+
+
+def is_disk_error(error: BaseException) -> bool:
+    """A write that failed because of the disk or its permissions (full, quota, read-only, denied, I/O)."""
+    return isinstance(error, OSError) and error.errno in DISK_ERRNOS
+
+
+def is_full_or_read_only(error: BaseException) -> bool:
+    """A disk error that only a write can meet: no space, a quota, a read-only file system, a file too large."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
 # --- atomic files --------------------------------------------------------------------------------------------------
 
 
@@ -126,9 +168,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     A replaced file keeps its mode; a new one gets 0666 minus the umask.
     """
     path = Path(path)
+    existed = path.is_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        mode = path.stat().st_mode & 0o7777 if path.is_file() else default_file_mode()
+        mode = path.stat().st_mode & 0o7777 if existed else default_file_mode()
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as error:
         raise DsparkError(f"cannot write {path}: {error.strerror or error}; choose another path.") from None
@@ -141,8 +184,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(error, OSError):
-            raise DsparkError(f"cannot write {path}: {error.strerror or error}; nothing was written.") from None
+            state = "keeps its earlier content" if existed else "was not created"
+            raise DsparkError(f"cannot write {path}: {error.strerror or error}; the temporary file was removed and "
+                              f"{path} {state}.") from None
         raise
+    record_written(path)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -210,6 +256,7 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     except OSError as error:
         raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output folder.") from None
+    existed = os.path.lexists(out)
     try:
         os.chmod(tmp, default_dir_mode())
         yield tmp
@@ -217,9 +264,15 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
             replace_path(tmp, out)
         else:
             _publish(tmp, out)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_error(error):
+            state = "was left as it was" if existed else "was not created"
+            raise DsparkError(f"cannot write {out}: {error.strerror or error}"
+                              + (f" ({error.filename})" if error.filename else "")
+                              + f"; the temporary folder was removed and {out} {state}.") from None
         raise
+    record_written(out)
 
 
 def _publish(tmp: Path, out: Path) -> None:

@@ -27,21 +27,7 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
-
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def _refuse_pickle_only(path: str | Path) -> None:
-    """A local model folder with pickle weights and no safetensors: one sentence, before anything is opened."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir() or any(folder.glob("*.safetensors")):
-        return
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise DsparkError(f"the target {path} has only pickle weights ({pickles[0]}) and dspark loads safetensors "
-                          "only, because opening a pickle can run code; convert the weights to safetensors (e.g. "
-                          "save_pretrained in an environment you trust) and try again.")
+from dspark_cli.runtime.model.target_files import first_line, refuse_pickle_only
 
 
 def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> None:
@@ -54,6 +40,16 @@ def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> 
                           "Download or save the complete model.")
 
 
+def _refuse_mismatched_weights(path: str | Path, mismatched: list) -> None:
+    """Weights whose stored shape differs from the one config.json implies (a header that lies about a shape)."""
+    if mismatched:
+        names = sorted(str(entry[0] if isinstance(entry, (tuple, list)) else entry) for entry in mismatched)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise DsparkError(f"the target {path} stores {len(names)} weight tensor(s) in a shape its config.json does "
+                          f"not imply ({shown}); the weights and the config do not belong together, re-download "
+                          "the model.")
+
+
 def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.device) -> nn.Module:
     """AutoModelForCausalLM.from_pretrained on `device` in `dtype`: safetensors only (a pickle is never
     opened: unpickling can run code), never trust_remote_code, and every weight must come from the files
@@ -61,18 +57,23 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
-    _refuse_pickle_only(path)
+    refuse_pickle_only(path)
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # its load report would repeat the refusal below as a table
     try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False,
-                                                           use_safetensors=True, output_loading_info=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise DsparkError(f"cannot load the target model {path}: {error}. It must be a Hugging Face causal "
-                          "LM folder or hub id (config.json + safetensors).") from error
+                                                           use_safetensors=True, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)  # refused below, by name
+    except (MemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)) as error:
+        raise DsparkError(f"not enough memory to load the target model {path} in {dtype} ({first_line(error)}); "
+                          "free memory or pick a smaller --dtype.") from error
+    except Exception as error:  # transformers and safetensors raise many types for broken files
+        raise DsparkError(f"cannot load the target model {path} ({first_line(error)}). It must be a Hugging Face "
+                          "causal LM folder or hub id (config.json + safetensors); re-download it.") from error
     finally:
         transformers_logging.set_verbosity(verbosity)
     _refuse_missing_weights(path, info["missing_keys"])
+    _refuse_mismatched_weights(path, info.get("mismatched_keys") or [])
     return model.to(device)
 
 

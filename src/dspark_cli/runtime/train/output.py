@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint.files import check_writable_parent, local_inputs, real_path, refuse_input_overlap
+from dspark_cli.runtime.checkpoint.files import (
+    check_output_file,
+    check_writable_parent,
+    local_inputs,
+    real_path,
+    refuse_input_overlap,
+)
 
 
 @dataclass(frozen=True)
@@ -69,3 +75,32 @@ def create_output(out: Path, claim: OutputClaim) -> None:
     except OSError as error:
         raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output folder.") from None
 
+
+
+def check_log_file(log: Path | None, out: Path, target: str | Path, data: list[Path], resume: Path | None,
+                   chat_template: Path | None) -> None:
+    """Refuse, before anything is loaded, a --log-jsonl file that would append to an input or cannot be written.
+
+    The log is appended to (a run continued with --resume adds to its log), so beside check_output_file's checks
+    (not an input, not a folder, a writable parent) an existing log must be a file this process may write, and it
+    may not be the output folder or hold it.
+    """
+    if log is None:
+        return
+    inputs = (local_inputs("target", [target]) + local_inputs("training data", data)
+              + local_inputs("chat template", [chat_template]) + local_inputs("checkpoint to resume", [resume]))
+    check_output_file(log, inputs, "--log-jsonl file")
+    if real_path(log) == real_path(out) or real_path(log) in real_path(out).parents:
+        raise DsparkError(f"--log-jsonl file {log} is the output folder {out} or holds it; give a file name.")
+    if os.path.exists(log) and not os.access(log, os.W_OK):
+        raise DsparkError(f"--log-jsonl file {log} exists and is not writable; choose another file.")
+
+
+def open_log_file(log: Path):
+    """The --log-jsonl file opened for appending (its missing parent folders created), or one sentence."""
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return log.open("a", encoding="utf-8")
+    except OSError as error:
+        raise DsparkError(f"cannot open the --log-jsonl file {log}: {error.strerror or error}; choose another "
+                          "file.") from None

@@ -13,6 +13,7 @@ import torch
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.model.target import load_causal_lm
+from dspark_cli.runtime.model.target_files import check_target_files, load_target_tokenizer
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.trainer import DraftTrainer
 from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, train_shared_weights, trainable_parameters
@@ -28,10 +29,11 @@ class TrainingRun:
 
 def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
     """The target's tokenizer and config.json as a dict, without loading its weights."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
+    check_target_files(path)  # config values and weight headers, one sentence naming the file
+    tokenizer = load_target_tokenizer(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
     except (OSError, ValueError, KeyError) as error:
         raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "

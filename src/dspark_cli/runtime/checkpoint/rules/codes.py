@@ -48,6 +48,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP032": (WARNING, "logit_scale is not a positive number"),
     "DSP033": (ERROR, "dspark_bonus_anchor contradicts the trained query layout"),
     "DSP034": (ERROR, "target_layer_ids include the target's last decoder layer"),
+    "DSP035": (ERROR, "config value vLLM's Qwen3 backbone cannot build from"),
     # vLLM load errors
     "DSP100": (INFO, "no --target: target vocabulary assumed equal to vocab_size"),
     "DSP101": (ERROR, "expanded input vocab without embed_tokens"),

@@ -1,0 +1,169 @@
+"""Mutation audit: apply each hand-made bug to a copy of the source, run the tests that should catch it, restore.
+
+    python scripts/mutation_audit.py [ID ...]     # all mutations, or the named ones
+
+Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
+(with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
+drafting, training, metrics, validate), plus the per-context acceptance mutations.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+R = "src/dspark_cli/runtime/"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    what: str
+    file: str
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+
+
+def m(id, what, file, edits, *tests):
+    return Mutation(id, what, R + file, tuple(edits), tuple(f"tests/{t}" for t in tests))
+
+
+KNOWN = "test_known_values.py"
+ROUND = "test_round_acceptance.py"
+SWEEP = "test_trust_sweep.py"
+MUTATIONS = [
+    m("S1", "q over the target vocabulary without the request's top-k/top-p", "decode/speculative.py",
+      [("probs = sampling.target_probs(logits, drafter.params)",
+        "probs = sampling.target_probs(logits, SamplingParams(temperature=drafter.params.temperature))")], ROUND),
+    m("S2", "temperature applied after top-k/top-p", "decode/sampling.py",
+      [("    scaled = scaled / params.temperature\n", ""),
+       ("        scaled = scaled.masked_fill(drop, float(\"-inf\"))\n    return scaled",
+        "        scaled = scaled.masked_fill(drop, float(\"-inf\"))\n    return scaled / params.temperature")],
+      KNOWN),
+    m("S3", "top-p cut keeps one token too many (mass exactly p)", "decode/sampling.py",
+      [("mass_before >= params.top_p", "mass_before > params.top_p")], KNOWN),
+    m("S4a", "near-one-hot rows sampled as greedy (sample)", "decode/sampling.py",
+      [("one_hot = probs.amax(-1) == 1.0", "one_hot = probs.amax(-1) > 0.99")], KNOWN),
+    m("S4b", "near-one-hot target rows verified as greedy (accept_batch)", "decode/sampling.py",
+      [("if bool((target_probs.amax(-1) == 1.0).all()):", "if bool((target_probs.amax(-1) > 0.99).all()):")],
+      KNOWN),
+    m("D1", "DFlash layout takes hidden rows from the start of the block", "decode/speculative.py",
+      [("[0, n_queries - n_draft :]", "[0, :n_draft]")], KNOWN),
+    m("D2", "RMSNorm eps added after the rsqrt", "model/draft.py",
+      [("xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)",
+        "xf * (torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)) + self.eps)")], KNOWN),
+    m("D3", "dspark_bonus_anchor true resolves to the N-query layout", "checkpoint/config.py",
+      [("    if raw.get(\"dspark_bonus_anchor\"):\n        return False",
+        "    if raw.get(\"dspark_bonus_anchor\"):\n        return True")], KNOWN),
+    m("T1", "TV/L1 weight 0.9 -> 0.09", "train/options.py", [("l1_alpha: float = 0.9", "l1_alpha: float = 0.09")],
+      KNOWN),
+    m("T2", "position weights reversed", "train/loss.py", [("torch.exp(-j / gamma)", "torch.exp(-j.flip(0) / gamma)")],
+      KNOWN),
+    m("T3a", "confidence target 1 - L1 instead of 1 - TV", "train/loss.py",
+      [("accept = (1.0 - 0.5 * l1_per_slot)", "accept = (1.0 - l1_per_slot)")], KNOWN),
+    m("T3b", "confidence target 1 - accept", "train/loss.py",
+      [("binary_cross_entropy_with_logits(confidence_logits.float(), accept,",
+        "binary_cross_entropy_with_logits(confidence_logits.float(), 1.0 - accept,")], KNOWN),
+    m("T4", "cosine floor 10% -> 0%", "train/tiny_target.py", [("peak * (0.1 + 0.9 *", "peak * (0.0 + 1.0 *")], KNOWN),
+    m("T5", "training windows never start at the last offset", "train/data.py",
+      [("len(self) - seq_len + 1, (batch_size,)", "len(self) - seq_len, (batch_size,)")], KNOWN),
+    m("M1a", "eval: tau's bootstrap resamples rounds", "decode/evaluation.py",
+      [("    tau = bootstrap_ratio(emitted, rounds)",
+        "    tau = bootstrap_ratio([float(r['emitted']) for p in results for r in p.rounds],\n"
+        "                          [1.0 for p in results for r in p.rounds])")], KNOWN),
+    m("M1b", "generate --json: tau's bootstrap resamples rounds", "decode/evaluation.py",
+      [("    return bootstrap_ratio(emitted, [float(len(s.rounds)) for s in stats])",
+        "    return bootstrap_ratio([float(r.emitted) for s in stats for r in s.rounds],\n"
+        "                           [1.0 for s in stats for r in s.rounds])")], KNOWN),
+    m("M2", "ECE bins by round() instead of floor", "decode/metrics.py",
+      [("b = min(int(p * bins), bins - 1)", "b = min(round(p * bins), bins - 1)")], KNOWN),
+    m("V1", "a d2t of the wrong length reported as a warning", "checkpoint/rules/tensors.py",
+      [('out.add("DSP202", f"{spec.name} has shape', 'out.add("DSP204" if spec.name == "d2t" else "DSP202", '
+                                                     'f"{spec.name} has shape')], "test_validate_rules.py"),
+    m("V2", "a safetensors entry spanning more bytes than its shape needs is accepted", "checkpoint/read.py",
+      [("if info.nbytes != info.numel * DTYPE_BYTES[dtype]:", "if info.nbytes < info.numel * DTYPE_BYTES[dtype]:")],
+      "test_validate_rules.py"),
+    m("A1", "q computed at temperature 1 whatever the draft sampled with", "decode/speculative.py",
+      [("probs = sampling.target_probs(logits, drafter.params)",
+        "probs = sampling.target_probs(logits, SamplingParams(1.0, drafter.params.top_p, drafter.params.top_k))")],
+      ROUND),
+    m("A2", "residual distribution is p instead of max(p - q, 0)", "decode/sampling.py",
+      [("residual = (p_next - q_next).clamp_min(0.0)", "residual = p_next")], ROUND),
+    # the audit of the code this issue added (the sweep and the validate cases must see each)
+    m("O1", "--log-jsonl not checked against the inputs", "train/output.py",
+      [('    check_output_file(log, inputs, "--log-jsonl file")\n', "")], SWEEP),
+    m("O2", "serve lets -sc through", "serve.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
+      SWEEP),
+    m("O3", "--threads not bounded by the cores", "threads.py",
+      [("if not 1 <= requested <= cores:", "if not 1 <= requested:")], "test_threads.py", SWEEP),
+    m("O4", "validate accepts any hidden_act", "checkpoint/rules/config_rules.py",
+      [('view["hidden_act"] != "silu"', 'view["hidden_act"] not in ("silu", "bogus")')], SWEEP,
+      "test_validate_rules.py"),
+    m("O5", "errors do not name what was already written", "../cli/render.py",
+      [("    written = files.written_outputs()\n    if not written:", "    written = []\n    if not written:")],
+      SWEEP),
+    m("O6", "the target's config is not built before loading", "model/target_files.py",
+      [("    if not config:\n        return\n", "    return\n")], SWEEP),
+    m("O7", "a full disk inside an atomic folder is not worded", "checkpoint/files.py",
+      [("        if is_disk_error(error):\n            state =", "        if False:\n            state =")], SWEEP),
+    m("O8", "eval's SIGTERM does not name the run file", "../cli/eval.py",
+      [("            stop.kept = (f\"the {len(run.results)} finished", "            _ = (f\"the {len(run.results)} finished")],
+      SWEEP),
+    m("O9", "an unstartable vllm is a traceback", "serve.py",
+      [("        os.execvp(argv[0], argv)\n    except OSError as error:",
+        "        os.execvp(argv[0], argv)\n    except ZeroDivisionError as error:")], SWEEP),
+    m("O10", "a weight stored in another shape than the config implies is loaded", "model/target.py",
+      [("    if mismatched:\n", "    if False:\n")], SWEEP),
+    m("O11", "atomic files claim the old file was kept when it was not", "checkpoint/files.py",
+      [('state = "keeps its earlier content" if existed else "was not created"',
+        'state = "keeps its earlier content"')], SWEEP),
+]
+
+
+def run(mutation: Mutation, copy: Path) -> str:
+    path = copy / mutation.file
+    original = path.read_text()
+    text = original
+    for old, new in mutation.edits:
+        if text.count(old) != 1:
+            return f"STALE ({old[:40]!r} found {text.count(old)} times)"
+        text = text.replace(old, new)
+    path.write_text(text)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(copy / "src"), HF_HUB_OFFLINE="1")
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                 *mutation.tests], cwd=copy, env=env, capture_output=True, text=True)
+        if result.returncode == 0:
+            return "MISSED"
+        failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        if not failed:
+            return f"CAUGHT (pytest exited {result.returncode})"
+        return f"CAUGHT by {failed[0].split(' - ')[0].split(' ', 1)[1]}"
+    finally:
+        path.write_text(original)
+
+
+def main(ids: list[str]) -> int:
+    chosen = [mu for mu in MUTATIONS if not ids or mu.id in ids]
+    with tempfile.TemporaryDirectory(prefix="dspark-mutations-") as tmp:
+        copy = Path(tmp)
+        for part in ("src", "tests", "docs", "pyproject.toml", "README.md"):
+            source = ROOT / part
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, copy / part)
+        caught = 0
+        for mutation in chosen:
+            outcome = run(mutation, copy)
+            caught += outcome.startswith("CAUGHT")
+            print(f"{mutation.id:4} {mutation.what}: {outcome}", flush=True)
+    print(f"{caught}/{len(chosen)} caught")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,431 @@
+"""A hostile sweep of the commands, one class of bad input or hostile environment at a time (issue 22's classes).
+
+Every case runs the real CLI in-process (Typer's CliRunner) on copies of the shipped demo pair, tampered as a new
+user might: flags that write pointed at inputs, a target whose config, tokenizer or weights are broken, full disks
+and a SIGTERM mid-run, unbounded counts, serve's hand-off to a broken vllm, a draft vLLM cannot build. Each case
+asserts its exit code, one sentence on stderr naming the file or flag (no traceback), that no input's bytes changed,
+and that what the message says was kept is what is on disk.
+
+    python tests/test_trust_sweep.py          # the same cases without pytest: one line each, then "N/N OK"
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.runtime.demo import DEMO_DIR
+
+runner = CliRunner()
+
+
+# --- the workspace: copies of the demo pair, tampered on demand -----------------------------------------------------
+
+
+class Workspace:
+    """A folder holding a pristine copy of the demo pair and, per case, tampered copies of its target or draft."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.target = self.copy(DEMO_DIR / "target", "target")
+        self.draft = self.copy(DEMO_DIR / "draft", "draft")
+        self.data = root / "data.txt"
+        self.data.write_text("def add(a, b):\n    return a + b\n" * 40)
+        self.pristine = fingerprint(self.target, self.draft, self.data)
+
+    def restore(self) -> None:
+        """Put the pristine pair back if a case changed it (so one bug does not hide behind another)."""
+        if fingerprint(self.target, self.draft, self.data) != self.pristine:
+            for folder, source in ((self.target, DEMO_DIR / "target"), (self.draft, DEMO_DIR / "draft")):
+                shutil.rmtree(folder)
+                shutil.copytree(source, folder)
+            self.data.write_text("def add(a, b):\n    return a + b\n" * 40)
+
+    def copy(self, source: Path, name: str) -> Path:
+        destination = self.root / name
+        if not destination.exists():
+            shutil.copytree(source, destination)
+        return destination
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def target_with(self, name: str, change: Callable[[Path], None]) -> Path:
+        """A copy of the demo target changed by `change(folder)`."""
+        folder = self.root / f"target-{name}"
+        if not folder.exists():
+            shutil.copytree(self.target, folder)
+            change(folder)
+        return folder
+
+    def draft_with(self, name: str, **config) -> Path:
+        folder = self.root / f"draft-{name}"
+        if not folder.exists():
+            shutil.copytree(self.draft, folder)
+            edit_json(folder / "config.json", lambda c: {**c, **config})
+        return folder
+
+
+def edit_json(path: Path, change: Callable) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def config_edit(**values) -> Callable[[Path], None]:
+    return lambda folder: edit_json(folder / "config.json", lambda c: {**c, **values})
+
+
+def write_file(name: str, text: str) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_text(text)
+
+
+def truncate_weights(folder: Path) -> None:
+    path = folder / "model.safetensors"
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def header_lies_about_a_shape(folder: Path) -> None:
+    """embed_tokens [V, H] stored as [V/2, 2H]: the same bytes, a shape the config does not imply."""
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + length])
+    rows, cols = header["model.embed_tokens.weight"]["shape"]
+    header["model.embed_tokens.weight"]["shape"] = [rows // 2, cols * 2]
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length, b" ")
+    assert len(text) == length
+    path.write_bytes(raw[:8] + text + raw[8 + length :])
+
+
+def fingerprint(*paths: Path) -> dict[str, str]:
+    """sha256 of every file under `paths` (the inputs whose bytes must not change)."""
+    out = {}
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+# --- cases --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    klass: str  # the issue's class: writes, target, disk, bounds, serve, vllm
+    name: str
+    argv: Callable[[Workspace], list[str]]
+    exit_code: int
+    needles: tuple[str, ...]  # must appear in the message (whitespace-normalised)
+    inputs: Callable[[Workspace], list[Path]] = lambda ws: [ws.target, ws.draft, ws.data]
+    absent: Callable[[Workspace], list[Path]] = lambda ws: []  # outputs a refused run must not leave behind
+    patch: Callable[[Workspace, pytest.MonkeyPatch], None] | None = None
+    after: Callable[[Workspace, str], None] | None = None  # more checks on disk, given the message
+    forbidden: tuple[str, ...] = ("Traceback", "nothing was written")  # must not appear (unless absent is true)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def train(ws: Workspace, out: str, *args: str) -> list[str]:
+    return ["train", "--target", str(ws.target), "--data", str(ws.data), "-o", str(ws.path(out)), "--steps", "2",
+            "--batch-size", "2", "--seq-len", "32", "--device", "cpu", *args]
+
+
+def generate(target: Path, ws: Workspace, *args: str) -> list[str]:
+    return ["generate", "--target", str(target), "--draft", str(ws.draft), "--max-new-tokens", "4", *args, "hello"]
+
+
+def enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(args[0]) if args else None)
+
+
+def full_disk_for(name_prefix: str):
+    """A patch of tempfile.mkstemp: temporary files for `name_prefix` get a descriptor on /dev/full, so writing them
+    fails with ENOSPC as on a full disk (the temporary file itself exists and must be removed)."""
+    real = tempfile.mkstemp
+
+    def patched(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        if Path(path).name.startswith(name_prefix):
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    def apply(ws: Workspace, mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(tempfile, "mkstemp", patched)
+
+    return apply
+
+
+def no_temporary_files(folder_name: str):
+    def check(ws: Workspace, message: str) -> None:
+        leftovers = [p.name for p in ws.root.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+        assert not leftovers, leftovers
+
+    return check
+
+
+def terminate_after(prompts: int):
+    """Pair.generate raises Terminated (what the CLI's SIGTERM handler raises) once `prompts` prompts finished."""
+    from dspark_cli.errors import Terminated
+    from dspark_cli.runtime.pair import Pair
+
+    real = Pair.generate
+    calls = {"n": 0}
+
+    def patched(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > prompts + 1:  # the first call is eval's warm-up
+            raise Terminated()
+        return real(self, *args, **kwargs)
+
+    def apply(ws: Workspace, mp: pytest.MonkeyPatch) -> None:
+        calls["n"] = 0
+        mp.setattr(Pair, "generate", patched)
+
+    return apply
+
+
+def run_file_holds(count: int, name: str):
+    def check(ws: Workspace, message: str) -> None:
+        document = json.loads(ws.path(name).read_text())
+        assert len(document["results"]) == count, len(document["results"])
+        assert f"the {count} finished prompts are saved in" in message
+
+    return check
+
+
+def fake_vllm(content: bytes):
+    def apply(ws: Workspace, mp: pytest.MonkeyPatch) -> None:
+        folder = ws.root / f"bin-{hashlib.sha256(content).hexdigest()[:8]}"
+        folder.mkdir(exist_ok=True)
+        (folder / "vllm").write_bytes(content)
+        (folder / "vllm").chmod(0o755)
+        mp.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    return apply
+
+
+def quantize_json_full(ws: Workspace, message: str) -> None:
+    assert (ws.path("q-json") / "model.safetensors").is_file()  # OUT was written, and the message says so
+    assert not ws.path("q.json").exists()
+    no_temporary_files("")(ws, message)
+
+
+SERVE = lambda ws, *extra: ["serve", "--target", str(ws.target), "--draft", str(ws.draft), "--dry-run", "--",
+                            *extra]
+
+CASES = [
+    # 1. every flag that writes goes through the overlap and output checks before any work
+    Case("writes", "log-jsonl-is-the-target-config", lambda ws: train(ws, "o1", "--log-jsonl",
+         str(ws.target / "config.json")), 2, ("--log-jsonl file", "inside the target"),
+         absent=lambda ws: [ws.path("o1")], forbidden=("Traceback",)),
+    Case("writes", "log-jsonl-is-the-data", lambda ws: train(ws, "o1", "--log-jsonl", str(ws.data)), 2,
+         ("is the training data",), absent=lambda ws: [ws.path("o1")], forbidden=("Traceback",)),
+    Case("writes", "log-jsonl-links-into-the-target", lambda ws: train(ws, "o1", "--log-jsonl", str(
+         _link(ws.path("log-link.jsonl"), ws.target / "tokenizer.json"))), 2, ("inside the target",),
+         absent=lambda ws: [ws.path("o1")], forbidden=("Traceback",)),
+    Case("writes", "log-jsonl-is-a-folder", lambda ws: train(ws, "o1", "--log-jsonl", str(_folder(ws.path("logs")))),
+         2, ("is a folder",), absent=lambda ws: [ws.path("o1")], forbidden=("Traceback",)),
+    Case("writes", "log-jsonl-is-the-output-folder", lambda ws: train(ws, "o1", "--log-jsonl", str(ws.path("o1"))), 2,
+         ("is the output folder",), absent=lambda ws: [ws.path("o1")], forbidden=("Traceback",)),
+    Case("writes", "log-jsonl-in-a-read-only-file", lambda ws: train(ws, "o1", "--log-jsonl", str(
+         _read_only(ws.path("ro.jsonl")))), 2, ("not writable",), absent=lambda ws: [ws.path("o1")],
+         forbidden=("Traceback",)),
+    Case("writes", "generate-json-is-the-target-config", lambda ws: generate(ws.target, ws, "--json", str(
+         ws.target / "config.json")), 2, ("--json file", "inside the target"), forbidden=("Traceback",)),
+    # 2. the target's side: one sentence naming the file, before any weight is read
+    Case("target", "rms_norm_eps-a-string", lambda ws: generate(ws.target_with("eps", config_edit(rms_norm_eps="x")),
+         ws), 2, ("target-eps/config.json", "rms_norm_eps")),
+    Case("target", "max_position_embeddings-a-string", lambda ws: generate(ws.target_with("mpe", config_edit(
+         max_position_embeddings="2048")), ws), 2, ("target-mpe/config.json", "max_position_embeddings")),
+    Case("target", "rope_parameters-a-list", lambda ws: generate(ws.target_with("rope", config_edit(
+         rope_parameters=[1, 2])), ws), 2, ("target-rope/config.json", "rope_parameters")),
+    Case("target", "layer_types-shorter-than-the-layers", lambda ws: generate(ws.target_with("layers", config_edit(
+         layer_types=["full_attention"] * 3)), ws), 2, ("target-layers/config.json", "layer_types")),
+    Case("target", "tokenizer.json-empty-object", lambda ws: generate(ws.target_with("tok", write_file(
+         "tokenizer.json", "{}")), ws), 2, ("tokenizer", "tokenizer.json")),
+    Case("target", "tokenizer_config.json-a-list", lambda ws: generate(ws.target_with("tokconf", write_file(
+         "tokenizer_config.json", "[1, 2]")), ws), 2, ("tokenizer",)),
+    Case("target", "weights-truncated", lambda ws: generate(ws.target_with("trunc", truncate_weights), ws), 2,
+         ("model.safetensors", "truncated")),
+    Case("target", "weights-not-safetensors", lambda ws: generate(ws.target_with("garbage", write_file(
+         "model.safetensors", "not a safetensors file at all")), ws), 2, ("model.safetensors",)),
+    Case("target", "header-lies-about-a-shape", lambda ws: generate(ws.target_with("shape",
+         header_lies_about_a_shape), ws), 2, ("model.embed_tokens.weight", "shape")),
+    Case("target", "eval-with-a-broken-config", lambda ws: ["eval", "--target", str(ws.target_with(
+         "eps", config_edit(rms_norm_eps="x"))), "--draft", str(ws.draft), "--data", str(DEMO_DIR / "eval_code.jsonl"), "--limit", "1"], 2,
+         ("target-eps/config.json", "rms_norm_eps")),
+    Case("target", "train-with-a-broken-tokenizer", lambda ws: ["train", "--target", str(ws.target_with("tok",
+         write_file("tokenizer.json", "{}"))), "--data", str(ws.data), "-o", str(ws.path("o2")), "--steps", "1"],
+         2, ("tokenizer",), absent=lambda ws: [ws.path("o2")]),
+    Case("target", "serve-with-a-broken-config", lambda ws: ["serve", "--target", str(ws.target_with(
+         "eps", config_edit(rms_norm_eps="x"))), "--draft", str(ws.draft), "--dry-run"], 2,
+         ("target-eps/config.json", "rms_norm_eps")),
+    Case("target", "serve-with-truncated-weights", lambda ws: ["serve", "--target", str(ws.target_with(
+         "trunc", truncate_weights)), "--draft", str(ws.draft), "--dry-run"], 2, ("model.safetensors",)),
+    # 4. full disks and dying writes: one sentence, exit 2, temporary files removed, true messages
+    Case("disk", "quantize-on-a-full-disk", lambda ws: ["quantize", str(ws.draft), "-o", str(ws.path("q-full"))], 2,
+         ("No space left on device", "was not created"), absent=lambda ws: [ws.path("q-full")],
+         patch=lambda ws, mp: mp.setattr("dspark_cli.runtime.quantize.write._write_json", enospc),
+         after=no_temporary_files("q-full")),
+    Case("disk", "train-on-a-full-disk", lambda ws: train(ws, "o3"), 2, ("No space left on device",
+         "nothing was written"), absent=lambda ws: [ws.path("o3")], forbidden=("Traceback",),
+         patch=lambda ws, mp: mp.setattr("dspark_cli.runtime.train.trainer.write_draft_files", enospc)),
+    Case("disk", "quantize-json-on-a-full-disk", lambda ws: ["quantize", str(ws.draft), "-o", str(ws.path("q-json")),
+         "--json", str(ws.path("q.json"))], 2, ("No space left on device", "Already written and kept",
+         "q-json"), patch=full_disk_for(".q.json."), after=quantize_json_full),
+    Case("disk", "eval-json-on-a-full-disk", lambda ws: ["eval", "--json", str(ws.path("run-full.json")), "--limit",
+         "1", "--max-new-tokens", "4"], 2, ("No space left on device", "run-full.json", "was not created"),
+         absent=lambda ws: [ws.path("run-full.json")], patch=full_disk_for(".run-full.json.")),
+    Case("disk", "sigterm-during-eval-json", lambda ws: ["eval", "--json", str(ws.path("run-term.json")), "--limit",
+         "3", "--max-new-tokens", "4"], 143, ("terminated", "finished prompts are saved in", "--resume"),
+         patch=terminate_after(2), after=run_file_holds(2, "run-term.json")),
+    # 5. resource bounds
+    Case("bounds", "threads-100000", lambda ws: generate(ws.target, ws, "--threads", "100000"), 2,
+         ("--threads", "CPU cores")),
+    # 6. serve's hand-off
+    Case("serve", "vllm-not-an-executable-format", lambda ws: ["serve", "--target", str(ws.target), "--draft",
+         str(ws.draft)], 2, ("cannot start", "vllm"), patch=fake_vllm(b"\x00\x01garbage")),
+    Case("serve", "vllm-with-a-missing-interpreter", lambda ws: ["serve", "--target", str(ws.target), "--draft",
+         str(ws.draft)], 2, ("cannot start", "interpreter"), patch=fake_vllm(b"#!/nonexistent/python3\n")),
+    Case("serve", "short-flag-sc", lambda ws: SERVE(ws, "-sc", "{}"), 2, ("-sc", "speculative config")),
+    Case("serve", "dotted-speculative-config", lambda ws: SERVE(ws, "--speculative-config.method", "eagle"), 2,
+         ("--speculative-config.method",)),
+    Case("serve", "underscore-speculative-config", lambda ws: SERVE(ws, "--speculative_config={}"), 2,
+         ("--speculative_config",)),
+    # 7. a draft vLLM cannot build does not pass validate
+    Case("vllm", "hidden_act-bogus", lambda ws: ["validate", str(ws.draft_with("act", hidden_act="bogus"))], 1,
+         ("DSP035", "hidden_act")),
+    Case("vllm", "rope-type-unknown", lambda ws: ["validate", str(ws.draft_with("rope", rope_parameters={
+         "rope_type": "warp", "rope_theta": 1e6}))], 1, ("DSP035", "rope_type")),
+]
+
+
+def _link(link: Path, to: Path) -> Path:
+    if not link.is_symlink():
+        link.symlink_to(to)
+    return link
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _read_only(path: Path) -> Path:
+    path.write_text("")
+    path.chmod(stat.S_IRUSR)
+    return path
+
+
+def skip_reason(case: Case) -> str | None:
+    if case.name == "log-jsonl-in-a-read-only-file" and os.geteuid() == 0:
+        return "root may write any file"
+    if case.patch is not None and "full" in case.name and "json" in case.name and not os.path.exists("/dev/full"):
+        return "needs /dev/full"
+    return None
+
+
+def run_case(case: Case, ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        _run_case(case, ws, monkeypatch)
+    finally:
+        monkeypatch.undo()
+        ws.restore()
+
+
+def _run_case(case: Case, ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = case.argv(ws)
+    before = fingerprint(*case.inputs(ws))
+    if case.patch is not None:
+        case.patch(ws, monkeypatch)
+    result = runner.invoke(app, argv)
+    monkeypatch.undo()
+    message = " ".join((result.output + " " + (result.stderr if result.stderr_bytes is not None else "")).split())
+    assert result.exit_code == case.exit_code, f"exit {result.exit_code}: {message[-600:]}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    for needle in case.needles:
+        assert needle in message, f"{needle!r} not in: {message[-600:]}"
+    for word in case.forbidden:
+        assert word not in message, f"{word!r} in: {message[-600:]}"
+    assert fingerprint(*case.inputs(ws)) == before, "an input's bytes changed"
+    for path in case.absent(ws):
+        assert not path.exists(), f"{path} was left behind"
+    if case.after is not None:
+        case.after(ws, message)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Workspace:
+    return Workspace(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.klass}:{c.name}" for c in CASES])
+def test_sweep(case, workspace, monkeypatch):
+    reason = skip_reason(case)
+    if reason:
+        pytest.skip(reason)
+    run_case(case, workspace, monkeypatch)
+
+
+@pytest.mark.parametrize("name, change, needle", [
+    ("eps", config_edit(rms_norm_eps="x"), "rms_norm_eps"),
+    ("tok", write_file("tokenizer.json", "{}"), "tokenizer"),
+    ("trunc", truncate_weights, "truncated"),
+    ("shape", header_lies_about_a_shape, "model.embed_tokens.weight"),
+])
+def test_python_api_words_a_broken_target_in_one_sentence(workspace, name, change, needle):
+    """Pair.load (check, tokenizer, weights) raises DsparkError naming the problem, not transformers' exceptions."""
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.pair import Pair
+
+    target = workspace.target_with(name, change)
+    with pytest.raises(DsparkError, match=needle):
+        checked = Pair.check(target, workspace.draft, device="cpu")
+        checked.encode("hello")
+        checked.load(progress=False)
+
+
+def test_sweep_covers_every_class():
+    assert {c.klass for c in CASES} == {"writes", "target", "disk", "bounds", "serve", "vllm"}
+
+
+def main() -> int:
+    passed = total = 0
+    with tempfile.TemporaryDirectory(prefix="dspark-sweep-") as tmp:
+        ws = Workspace(Path(tmp))
+        for case in CASES:
+            reason = skip_reason(case)
+            if reason:
+                print(f"SKIP {case.klass}:{case.name} ({reason})")
+                continue
+            total += 1
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                try:
+                    run_case(case, ws, monkeypatch)
+                except Exception as error:  # an old build may fail a case in any way; report it and go on
+                    first = (str(error).splitlines() or [""])[0]
+                    print(f"FAIL {case.klass}:{case.name}: {type(error).__name__}: {first[:300]}")
+                    continue
+            passed += 1
+            print(f"ok   {case.klass}:{case.name}")
+    print(f"{passed}/{total} OK")
+    return 0 if passed == total else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
