@@ -178,6 +178,7 @@ def markov_walk(
     return walk(weights, bias, torch.full_like(base, float("-inf")), first_prev, params, noise, hidden)
 
 
+@torch.no_grad()  # a gated / RNN head's parameters require grad; the walk is inference only
 def walk(
     weights: MarkovWeights,
     bias: BiasFn,
