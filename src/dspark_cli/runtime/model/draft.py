@@ -16,6 +16,7 @@ from torch import nn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.families import FAMILIES
 from dspark_cli.runtime.model.families import BACKBONES
 from dspark_cli.runtime.model.heads import HEADS
 from dspark_cli.runtime.model.layers import rope_cos_sin
@@ -128,7 +129,9 @@ class DSparkDraft(nn.Module):
         return self.confidence_head.proj(x).squeeze(-1)
 
     def state_for_save(self, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False) -> dict:
-        """DeepSpec-format tensors (names as on disk); shared target weights only if asked."""
+        """DeepSpec-format tensors (names as on disk); shared target weights only if asked, or when vLLM would not
+        share them for this family (Gemma-4: the draft ships its own embed_tokens and lm_head, as DeepSpec's)."""
+        include_shared = include_shared or not FAMILIES[self.config.family].vllm_shares_embeddings
         skip = set()
         if self.shares_embed and not include_shared:
             skip.add("embed_tokens.weight")

@@ -178,7 +178,7 @@ def read_resume_point(folder: Path) -> ResumePoint:
 
 GEOMETRY_KEYS = {"layers": "num_hidden_layers", "block_size": "block_size", "markov_rank": "markov_rank",
                  "target_layers": "target_layer_ids", "confidence": "enable_confidence_head",
-                 "mask_token_id": "mask_token_id"}
+                 "mask_token_id": "mask_token_id", "markov_head_type": "markov_head_type"}
 
 
 def check_resume_shape(point: ResumePoint, shape, target: dict, steps: int) -> None:
@@ -240,7 +240,9 @@ def checkpoint_shape(folder: Path):
                       confidence=config.get("enable_confidence_head"),
                       confidence_with_markov=bool(config.get("confidence_head_with_markov", True)) or not (
                           rank and config.get("enable_confidence_head")),
-                      mask_token_id=config.get("mask_token_id"))
+                      mask_token_id=config.get("mask_token_id"),
+                      arch="gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3",
+                      markov_head_type=str(config.get("markov_head_type") or "vanilla"))
 
 
 # --- the plan of a run -----------------------------------------------------------------------------------------
