@@ -1,4 +1,4 @@
-"""Parity of dspark's DSpark drafts with DeepSpec's own modules, in float32 on CPU (docs/format.md §5.4).
+"""Parity of dspark's DSpark drafts with DeepSpec's own modules, in float32 on CPU (docs/format.md §6.4).
 
     python scripts/deepspec_parity.py --deepspec PATH [--json OUT]
 

@@ -1,5 +1,5 @@
 """Draft families (Qwen3, Gemma-4) and Markov head types (vanilla, gated, rnn), pinned against references written
-here from DeepSpec's definitions (docs/format.md §3, §5), independently of runtime/model/:
+here from DeepSpec's definitions (docs/format.md §3.6, §6), independently of runtime/model/:
 
 1. the Gemma-4 block forward (context K/V, the query block, soft-capped logits) equals `gemma4_reference`;
 2. the walk's tokens, q and confidences equal DeepSpec's `sample_block_tokens` semantics (`walk_reference`) for
@@ -8,7 +8,7 @@ here from DeepSpec's definitions (docs/format.md §3, §5), independently of run
    gated / RNN drafts (float32), for several strategies and block sizes;
 4. validate checks Gemma-4 drafts with their own rules (DSP040-DSP047) and keeps DSP012 for gated / RNN heads.
 
-scripts/deepspec_parity.py runs the same comparisons against DeepSpec's own modules (docs/format.md §5.4).
+scripts/deepspec_parity.py runs the same comparisons against DeepSpec's own modules (docs/format.md §6.4).
 """
 
 import math

@@ -44,7 +44,7 @@ def test_valid_checkpoint_exits_0_with_resolved_values(draft_dir):
 
 
 def test_errors_exit_1_grouped_by_severity(tmp_path, spec):
-    path = write_draft(tmp_path / "d", spec, edit={"markov_head_type": "gated", "block_size": None})
+    path = write_draft(tmp_path / "d", spec.with_(markov_head_type="gated"), edit={"block_size": None})
     result = invoke(path)
     assert result.exit_code == 1
     out = result.stdout
@@ -61,7 +61,7 @@ def test_strict_turns_warnings_into_exit_1(tmp_path, spec):
 
 
 def test_json_is_the_only_output_on_stdout(tmp_path, spec):
-    path = write_draft(tmp_path / "d", spec, edit={"markov_head_type": "rnn"})
+    path = write_draft(tmp_path / "d", spec.with_(markov_head_type="rnn"))
     result = invoke(path, "--json", "-")
     document = json.loads(result.stdout)
     assert result.exit_code == 1 == document["exit_code"]

@@ -1,5 +1,5 @@
 """The Gemma-4 draft family: DeepSpec `Gemma4DSparkModel` (deepspec/modeling/dspark/gemma4/{config,modeling}.py),
-served by vLLM's `gemma4_dspark.Gemma4DSparkForCausalLM` (docs/format.md §5).
+served by vLLM's `gemma4_dspark.Gemma4DSparkForCausalLM` (docs/format.md §6).
 
 The config is the target's Gemma-4 text config with the draft fields overridden (DeepSpec `build_draft_config`).
 Its draft layers are all full attention, so the geometry is the full-attention one: head dim `global_head_dim`,

@@ -1,5 +1,5 @@
 """The Gemma-4 draft layer: DeepSpec's `Gemma4DSparkModel` (deepspec/modeling/dspark/gemma4/modeling.py) as vLLM's
-`gemma4_dspark.py` serves it (docs/format.md §5). Where it differs from Qwen3:
+`gemma4_dspark.py` serves it (docs/format.md §6). Where it differs from Qwen3:
 
 - attention: head_dim = global_head_dim; with attention_k_eq_v there is no v_proj and the values are the keys'
   projection, normalised by a weightless RMSNorm (v_norm) and not rotated; scores are not scaled (scale 1.0,
