@@ -325,6 +325,13 @@ class Pair:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
+    @property
+    def draft_kind(self) -> str:
+        """The draft's family and Markov head type, for reports: "Gemma-4 draft, rnn Markov head"."""
+        config = self.draft.config
+        head = f"{config.markov_head_type} Markov head" if config.markov_rank else "no Markov head"
+        return f"{config.family_title} draft, {head}"
+
     def strategy(self, params: SamplingParams = GREEDY) -> str:
         """The Markov strategy the requested one resolves to under `params`; DsparkError when it cannot run."""
         markov = self.checked.markov
