@@ -187,7 +187,7 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
 
     tensors: Tensors = {}
     if spec.family == "gemma4":
-        tensors.update(gemma4_layer_tensors(spec, rand, norm))
+        tensors.update(gemma4_layer_tensors(spec, rand, norm, gen))
     for i in range(spec.num_hidden_layers if spec.family == "qwen3" else 0):
         p = f"layers.{i}."
         tensors.update({
@@ -232,7 +232,7 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
     return tensors
 
 
-def gemma4_layer_tensors(spec: DraftSpec, rand, norm) -> Tensors:
+def gemma4_layer_tensors(spec: DraftSpec, rand, norm, gen: torch.Generator) -> Tensors:
     """Gemma-4 draft layers: full-attention geometry, no v_proj with attention_k_eq_v, sandwich norms, layer_scalar."""
     H, I, D = spec.hidden_size, spec.intermediate_size, spec.global_head_dim
     kv = spec.num_global_key_value_heads if spec.attention_k_eq_v else spec.num_key_value_heads
@@ -249,7 +249,7 @@ def gemma4_layer_tensors(spec: DraftSpec, rand, norm) -> Tensors:
             p + "mlp.gate_proj.weight": rand(I, H),
             p + "mlp.up_proj.weight": rand(I, H),
             p + "mlp.down_proj.weight": rand(H, I),
-            p + "layer_scalar": (0.5 + torch.rand(1, generator=torch.Generator().manual_seed(spec.seed + i))).to(spec.dtype),
+            p + "layer_scalar": (0.5 + torch.rand(1, generator=gen)).to(spec.dtype),
         })
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):

@@ -137,7 +137,8 @@ def walk_reference(t: dict, head: str, base, hidden, anchor: int, temperature: f
         if head == "vanilla":
             u = e
         elif head == "gated":
-            u = torch.sigmoid(t["markov_head.gate_proj.weight"] @ torch.cat([h, e]) + t["markov_head.gate_proj.bias"]) * e
+            gate = t["markov_head.gate_proj.weight"] @ torch.cat([h, e]) + t["markov_head.gate_proj.bias"]
+            u = torch.sigmoid(gate) * e
         else:
             gate, candidate, output = (t["markov_head.joint_proj.weight"] @ torch.cat([state, e, h])
                                        + t["markov_head.joint_proj.bias"]).chunk(3)
@@ -179,7 +180,7 @@ def test_walk_tokens_q_and_confidences_follow_deepspec(tmp_path, family, head, t
 
 @pytest.mark.parametrize("head", ["gated", "rnn"])
 def test_gated_and_rnn_heads_run_dense_topk_and_nvfp4_but_not_fused(tmp_path, head):
-    from dspark_cli.kernels.nvfp4 import quantize_nvfp4
+    from dspark_cli.kernels.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 
     draft = load_draft(write_draft(tmp_path / "d", DraftSpec(markov_head_type=head, dtype=F32, markov_rank=32)))
     weights = MarkovWeights.from_draft(draft)
@@ -196,7 +197,10 @@ def test_gated_and_rnn_heads_run_dense_topk_and_nvfp4_but_not_fused(tmp_path, he
     assert torch.equal(dense.tokens, topk.tokens) and torch.allclose(dense.logits, topk.logits, atol=1e-5)
     packed = quantize_nvfp4(weights.w2.float())
     nvfp4 = MarkovWeights(weights.w1, weights.w2, packed, weights.scale, None, weights.head)
-    assert markov_walk("nvfp4", nvfp4, base, first, greedy, draft_topk=8, hidden=hidden, triton=False).tokens.shape == (3, 5)
+    walked = markov_walk("nvfp4", nvfp4, base, first, greedy, draft_topk=8, hidden=hidden, triton=False)
+    reference = markov_walk("topk", MarkovWeights(weights.w1, dequantize_nvfp4(packed, F32), None, weights.scale, None,
+                                                  weights.head), base, first, greedy, draft_topk=8, hidden=hidden)
+    assert torch.equal(walked.tokens, reference.tokens)  # the NVFP4 rows dequantized, same walk
     with pytest.raises(ValueError, match="hidden states"):
         markov_walk("dense", weights, base, first, greedy)
 

@@ -248,8 +248,9 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
     cut = ""
     if s["confidence_threshold"] is not None:
         cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
+    kind = f"{s['draft_kind']}, " if s.get("draft_kind") else ""
     out.print(Text("\ndspark eval", style="bold") + Text(
-        (f"  {s['draft_kind']}, " if s.get("draft_kind") else "  ") + f"block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
+        f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
         f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
     out.print(_main_table(rows))
     out.print(_positions_table(rows, s["block_size"]))

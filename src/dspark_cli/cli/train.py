@@ -120,7 +120,8 @@ def train(
     from dspark_cli.runtime.train.new_draft import DRAFT_ARCHS
 
     if markov_head_type is not None and markov_head_type not in HEAD_TYPES:
-        raise DsparkError(f"--markov-head-type {markov_head_type!r} is not a head type; choose {', '.join(HEAD_TYPES)}.")
+        raise DsparkError(f"--markov-head-type {markov_head_type!r} is not a head type; choose "
+                          f"{', '.join(HEAD_TYPES)}.")
     if draft_arch != "auto" and draft_arch not in DRAFT_ARCHS:
         raise DsparkError(f"--draft-arch {draft_arch!r} is not a draft family; choose auto, {', '.join(DRAFT_ARCHS)}.")
     given = {name: value for name, value in dict(

@@ -19,7 +19,8 @@ HEAD_TYPES: dict[str, tuple[HeadTensor, ...]] = {
         ("markov_head.gate_proj.bias", lambda H, r: (r,), "[markov_rank]"),
     ),
     "rnn": (
-        ("markov_head.joint_proj.weight", lambda H, r: (3 * r, 2 * r + H), "[3*markov_rank, 2*markov_rank+hidden_size]"),
+        ("markov_head.joint_proj.weight", lambda H, r: (3 * r, 2 * r + H),
+         "[3*markov_rank, 2*markov_rank+hidden_size]"),
         ("markov_head.joint_proj.bias", lambda H, r: (3 * r,), "[3*markov_rank]"),
     ),
 }

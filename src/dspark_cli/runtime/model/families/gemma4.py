@@ -26,7 +26,7 @@ ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "ge
 
 
 class Norm(nn.Module):
-    """Gemma-4's RMSNorm: x * (mean(x^2) + eps)^-1/2 * w, all in fp32, cast back; without weight when with_scale=False."""
+    """Gemma-4's RMSNorm: x * (mean(x^2) + eps)^-1/2 * w, all in fp32, cast back; no weight if with_scale=False."""
 
     def __init__(self, dim: int, eps: float, with_scale: bool = True):
         super().__init__()
