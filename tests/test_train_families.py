@@ -88,6 +88,16 @@ def test_gated_and_rnn_drafts_keep_dsp012_but_run(targets, trained):
     assert result.exit_code == 1 and "DSP012" in result.output
 
 
+def test_a_gated_head_quantizes_and_its_nvfp4_walk_is_lossless(targets, trained, tmp_path):
+    quantized = tmp_path / "q"
+    result = runner.invoke(app, ["quantize", str(trained["qwen3-gated"]), "-o", str(quantized), "--engine", "torch"])
+    assert result.exit_code == 0, result.output
+    assert [f.code for f in _report(quantized, targets["qwen3"]).errors] == ["DSP012"]
+    pair = Pair.load(targets["qwen3"], quantized, device="cpu", dtype="float32", markov="auto", draft_topk=8)
+    assert pair.strategy() == "nvfp4" and pair.draft.w2_nvfp4 is not None
+    assert pair.generate("class C", max_new_tokens=16).tokens == pair.baseline("class C", max_new_tokens=16).tokens
+
+
 def test_a_trained_gemma4_draft_evaluates_quantizes_and_serves(targets, trained, tmp_path):
     target, draft = targets["gemma4"], trained["gemma4"]
     prompts = tmp_path / "p.jsonl"
