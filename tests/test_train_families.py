@@ -135,3 +135,19 @@ def test_no_free_mask_id_is_refused_for_gemma4(targets, tmp_path):
                                  "-o", str(tmp_path / "x"), *args])
     assert result.exit_code == 2 and "pass --mask-token-id" in " ".join(result.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_a_gemma4_rnn_run_resumes_and_refuses_another_family_or_head(targets, tmp_path):
+    base = ["train", "--target", str(targets["gemma4"]), "--data", str(targets["data"]), "-o", str(tmp_path / "r")]
+    first = runner.invoke(app, [*base, *RUN, "--markov-head-type", "rnn", "--save-every", "1"])
+    assert first.exit_code == 0, first.output
+    run = ["--steps", "3", "--batch-size", "2", "--seq-len", "32", "--anchors", "6", "--device", "cpu",
+           "--resume", str(tmp_path / "r" / "checkpoint-1")]
+    for extra, needle in ((["--draft-arch", "qwen3"], "is a gemma4 draft"),
+                          (["--markov-head-type", "gated"], "markov_head_type is 'rnn'")):
+        result = runner.invoke(app, [*base, *run, *extra])
+        assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output
+    resumed = runner.invoke(app, [*base, *run])
+    assert resumed.exit_code == 0, resumed.output
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert (config["architectures"], config["markov_head_type"]) == (["Gemma4DSparkModel"], "rnn")

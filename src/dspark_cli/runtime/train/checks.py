@@ -184,6 +184,10 @@ GEOMETRY_KEYS = {"layers": "num_hidden_layers", "block_size": "block_size", "mar
 def check_resume_shape(point: ResumePoint, shape, target: dict, steps: int) -> None:
     """The checkpoint must be this shape (a DraftShape), for this target, and short of `steps`."""
     config, where = point.config, point.folder / "config.json"
+    family = "gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3"
+    if shape.arch is not None and shape.arch != family:
+        raise DsparkError(f"{where}: the checkpoint is a {family} draft but this run asks for --draft-arch "
+                          f"{shape.arch}; resume with the checkpoint's family (or omit --draft-arch).")
     ids = config.get("target_layer_ids")
     for key in ("num_hidden_layers", "block_size", "markov_rank", "hidden_size", "intermediate_size",
                 "num_attention_heads", "vocab_size", "mask_token_id"):
