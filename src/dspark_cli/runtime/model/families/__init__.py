@@ -2,7 +2,7 @@
 torch-free schema has in `runtime/checkpoint/families/` (docs/architecture.md "Adding a draft family").
 
 A family module provides `DecoderLayer(config)` (with `.self_attn.key_value(context, cos, sin)` for the context
-K/V and `forward(x, cos, sin, context_kv, attn_mask)`), its RMSNorm class, `embed_scale(config)` (a factor on the
+K/V and `forward(x, cos, sin, context_kv, attn_mask)`), `Norm` (its RMSNorm), `embed_scale(config)` (a factor on the
 token embeddings, or None) and `logits(raw, config)` (what happens to lm_head's output before the Markov bias).
 """
 

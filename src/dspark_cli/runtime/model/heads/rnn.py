@@ -36,9 +36,10 @@ class RNNHead(VanillaHead):
         return torch.tanh(output_raw), gate * state + (1.0 - gate) * torch.tanh(candidate_raw)
 
     def block_latents(self, embeds, hidden):
-        state = self.initial_state(embeds[..., 0, :].numel() // embeds.shape[-1], embeds)
+        """Unrolled over the K positions of each block from a zero state: [..., K, r], [..., K, H] -> [..., K, r]"""
         lead = embeds.shape[:-2]
-        flat_e, flat_h = embeds.reshape(-1, *embeds.shape[-2:]), hidden.reshape(-1, *hidden.shape[-2:])
+        flat_e, flat_h = embeds.reshape(-1, *embeds.shape[-2:]), hidden.reshape(-1, *hidden.shape[-2:])  # [M, K, .]
+        state = self.initial_state(flat_e.shape[0], embeds)
         latents = []
         for k in range(embeds.shape[-2]):
             latent, state = self.step(state, flat_e[:, k], flat_h[:, k])
