@@ -15,6 +15,7 @@ does, loads that folder with dspark's `load_draft`, and compares on the same con
   q           at T = 0.8, dspark's q against DeepSpec's softmax(corrected / T) for the same sampled prefix
               (DeepSpec `apply_block_logits` teacher-forced with dspark's tokens)
   confidence  the confidence head's sigmoid (DeepSpec `predict_confidence_step`)
+  (the row gemma4/v is a Gemma-4 draft with attention_k_eq_v false, i.e. with v_proj)
   control     a negative control: the same comparison with the family's or head's distinctive op removed from
               dspark (Gemma-4: no soft-cap; Qwen3: attention at scale 1; gated / rnn: the head run as vanilla),
               which must differ by far more than the tolerance
@@ -38,8 +39,9 @@ DRAFT_FIELDS = dict(target_layer_ids=[0, 2], mask_token_id=3, num_anchors=8, ena
                     confidence_head_with_markov=True, markov_rank=16, block_size=5, num_target_layers=4)
 
 
-def deepspec_draft(family: str, head: str, seed: int):
-    """A random DeepSpec draft module of `family` with a `head` Markov head (weights ~ N(0, 0.3), norms ~ 1)."""
+def deepspec_draft(family: str, head: str, seed: int, k_eq_v: bool = True):
+    """A random DeepSpec draft module of `family` with a `head` Markov head (weights ~ N(0, 0.3), norms ~ 1);
+    a Gemma-4 one with attention_k_eq_v (no v_proj) unless k_eq_v is False."""
     fields = {**DRAFT_FIELDS, "markov_head_type": head}
     if family == "gemma4":
         from deepspec.modeling.dspark.gemma4 import Gemma4DSparkModel
@@ -47,7 +49,7 @@ def deepspec_draft(family: str, head: str, seed: int):
 
         config = Gemma4TextConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
-                                  num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                                  num_global_key_value_heads=1, attention_k_eq_v=k_eq_v, hidden_size_per_layer_input=0,
                                   final_logit_softcapping=30.0, layer_types=["full_attention"] * 2,
                                   max_position_embeddings=512)
         architecture, cls = "Gemma4DSparkModel", Gemma4DSparkModel
@@ -153,23 +155,24 @@ def _unscaled_attention(attn):
     return forward
 
 
-def compare(family: str, head: str, seed: int = 0, temperature: float = 0.8) -> dict:
+def compare(family: str, head: str, seed: int = 0, temperature: float = 0.8, k_eq_v: bool = True) -> dict:
     from dspark_cli.runtime.model.draft_io import load_draft
 
-    model = deepspec_draft(family, head, seed)
+    model = deepspec_draft(family, head, seed, k_eq_v)
     gen = torch.Generator().manual_seed(seed + 1)
     features = torch.randn(1, 7, 2 * model.config.hidden_size, generator=gen)
     ids = torch.tensor([[11] + [model.config.mask_token_id] * (model.config.block_size - 1)])
     with tempfile.TemporaryDirectory() as tmp:
         save_as_deepspec(model, Path(tmp))
-        draft, broken = load_draft(tmp, dtype=torch.float32), control(load_draft(tmp, dtype=torch.float32), family, head)
+        draft = load_draft(tmp, dtype=torch.float32)
+        broken = control(load_draft(tmp, dtype=torch.float32), family, head)
     with torch.no_grad():
         hidden, base, tokens, corrected, confidence, hot = dspark_block(draft, features, ids, temperature)
         ref = deepspec_block(model, features, ids, temperature, forced_tokens=hot.tokens)
         _, c_base, _, c_corrected, _, _ = dspark_block(broken, features, ids, temperature)
     diff = lambda a, b: float((a.float() - b.float()).abs().max())  # noqa: E731
     return {
-        "family": family, "head": head,
+        "family": family if k_eq_v else f"{family}/v", "head": head,
         "hidden": diff(hidden, ref[0]), "logits": diff(base, ref[1]),
         "tokens_equal": tokens.tolist() == ref[2].tolist(), "walk": diff(corrected, ref[3]),
         "confidence": diff(confidence, ref[4]), "q": diff(hot.draft_probs, ref[5][0]),
@@ -189,6 +192,7 @@ def main() -> int:
     if not transformers.__version__.startswith("5.10"):
         print(f"note: DeepSpec pins transformers 5.10.x; this is {transformers.__version__}", file=sys.stderr)
     rows = [compare(family, head) for family in ("qwen3", "gemma4") for head in HEADS]
+    rows.append(compare("gemma4", "vanilla", k_eq_v=False))  # a Gemma-4 draft with v_proj (attention_k_eq_v false)
     keys = ("hidden", "logits", "walk", "confidence", "q", "control")
     print(f"{'family':8} {'head':8} " + " ".join(f"{k:>11}" for k in keys) + "  tokens")
     failed = False

@@ -65,7 +65,7 @@ def gemma4_reference(t: dict, spec: DraftSpec, features: torch.Tensor, ids: torc
     """DeepSpec Gemma4DSparkModel._forward_backbone + compute_logits for one block, from the tensors `t`.
     features [C, n*H] at positions 0..C-1, ids [Q] at C..C+Q-1 -> (hidden [Q, H], logits [Q, V])."""
     H, D, heads = spec.hidden_size, spec.global_head_dim, spec.num_attention_heads
-    kv_heads = spec.num_global_key_value_heads
+    kv_heads = spec.num_global_key_value_heads if spec.attention_k_eq_v else spec.num_key_value_heads
     C, Q = features.shape[0], ids.shape[0]
     x = t["embed_tokens.weight"][ids] * math.sqrt(H)
     context = _rms(features @ t["fc.weight"].T, t["hidden_norm.weight"])
@@ -75,7 +75,9 @@ def gemma4_reference(t: dict, spec: DraftSpec, features: torch.Tensor, ids: torc
         normed = _rms(x, t[p + "input_layernorm.weight"])
         stream = torch.cat([context, normed])  # [C+Q, H]: keys and values of context then block
         k = (stream @ t[p + "self_attn.k_proj.weight"].T).view(C + Q, kv_heads, D).transpose(0, 1)
-        v = _rms(k, None)  # attention_k_eq_v: values = the keys' projection, weightless v_norm, no RoPE
+        v = k if spec.attention_k_eq_v else (stream @ t[p + "self_attn.v_proj.weight"].T).view(
+            C + Q, kv_heads, D).transpose(0, 1)
+        v = _rms(v, None)  # weightless v_norm, no RoPE; with attention_k_eq_v the values are the keys' projection
         k = _rope(_rms(k, t[p + "self_attn.k_norm.weight"]), positions, D, 1e6, 0.25)
         q = (normed @ t[p + "self_attn.q_proj.weight"].T).view(Q, heads, D).transpose(0, 1)
         q = _rope(_rms(q, t[p + "self_attn.q_norm.weight"]), positions[C:], D, 1e6, 0.25)
@@ -108,8 +110,9 @@ def _draft_block(draft, features, ids):
         return hidden, draft.base_logits(hidden)
 
 
-def test_gemma4_block_forward_equals_the_reference(tmp_path):
-    spec = GEMMA.with_(seed=3)
+@pytest.mark.parametrize("k_eq_v", [True, False])
+def test_gemma4_block_forward_equals_the_reference(tmp_path, k_eq_v):
+    spec = GEMMA.with_(seed=3, attention_k_eq_v=k_eq_v)
     path = write_draft(tmp_path / "g", spec)
     draft = load_draft(path)
     gen = torch.Generator().manual_seed(0)
