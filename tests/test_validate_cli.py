@@ -38,7 +38,7 @@ def test_valid_checkpoint_exits_0_with_resolved_values(draft_dir):
     out = " ".join(result.stdout.split())
     assert "mask token 250 (mask_token_id)" in out
     assert "target layers [0, 2] = hidden_states [1, 3] (target_layer_ids)" in out
-    assert "markov head rank 32, bf16" in out
+    assert "markov head vanilla, rank 32, bf16" in out
     assert "DSP100" in out and "ok 0 errors, 0 warnings, 1 info" in out
     assert "DSP601-DSP606: tensor values are checked only with --deep" in out
 
