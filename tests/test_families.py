@@ -267,6 +267,7 @@ def test_a_gemma4_draft_validates_with_its_own_rules(tmp_path):
     assert report.errors == []
     assert set(report.codes) == {"DSP043", "DSP046"}  # vLLM drops the confidence head and soft-caps the bias
     assert "DSP003" not in report.codes and report.format == "deepspec-gemma4"
+    assert (report.resolved["family"], report.resolved["markov_head_type"]) == ("gemma4", "vanilla")
 
 
 @pytest.mark.parametrize("spec, kwargs, code", [
