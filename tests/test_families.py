@@ -39,7 +39,7 @@ GEMMA = DraftSpec(family="gemma4", dtype=F32)
 
 def test_every_family_and_head_type_is_registered_on_both_sides():
     assert set(BACKBONES) == set(FAMILIES)
-    assert set(HEADS) == set(HEAD_TYPES)
+    assert set(HEADS) == set(HEAD_TYPES) and all(cls.type_name == name for name, cls in HEADS.items())
 
 
 # --- 1. the Gemma-4 block forward -------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_gated_and_rnn_heads_run_dense_topk_and_nvfp4_but_not_fused(tmp_path, he
     weights = MarkovWeights.from_draft(draft)
     greedy = SamplingParams()
     assert choose_strategy("auto", weights, 8, greedy, on_cuda=True) == "topk"  # auto never picks fused for them
-    with pytest.raises(ValueError, match="fused Markov walk implements only vanilla heads"):
+    with pytest.raises(ValueError, match=f"implements only vanilla heads and this draft's head is {head}"):
         choose_strategy("fused", weights, 8, greedy, on_cuda=True)
     gen = torch.Generator().manual_seed(2)
     base = torch.randn(3, 5, 256, generator=gen)

@@ -63,7 +63,7 @@ class MarkovWeights:
 
     @property
     def head_type(self) -> str:
-        return "vanilla" if self.head is None or not self.head.uses_hidden else type(self.head).__name__
+        return "vanilla" if self.head is None else self.head.type_name
 
     @classmethod
     def from_draft(cls, draft) -> "MarkovWeights | None":

@@ -14,6 +14,7 @@ from dspark_cli.runtime.model.heads.vanilla import VanillaHead
 
 
 class GatedHead(VanillaHead):
+    type_name = "gated"
     uses_hidden = True
 
     def __init__(self, vocab: int, draft_vocab: int, rank: int, hidden: int):

@@ -17,6 +17,7 @@ from dspark_cli.runtime.model.heads.vanilla import VanillaHead
 
 
 class RNNHead(VanillaHead):
+    type_name = "rnn"
     uses_hidden = True
     recurrent = True
 

@@ -8,6 +8,7 @@ from torch import nn
 
 
 class VanillaHead(nn.Module):
+    type_name = "vanilla"  # its markov_head_type
     uses_hidden = False  # the latent depends on the backbone's hidden state (gated, rnn)
     recurrent = False  # the latent carries state from one position to the next (rnn)
 
