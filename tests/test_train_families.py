@@ -151,3 +151,27 @@ def test_a_gemma4_rnn_run_resumes_and_refuses_another_family_or_head(targets, tm
     assert resumed.exit_code == 0, resumed.output
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert (config["architectures"], config["markov_head_type"]) == (["Gemma4DSparkModel"], "rnn")
+
+
+def test_a_multimodal_gemma4_target_trains_from_its_text_config(targets, tmp_path):
+    """gemma-4-12B-it is a Gemma4ForConditionalGeneration (model_type gemma4): the draft is built from its
+    text_config, as DeepSpec's get_gemma4_text_config does."""
+    from transformers import AutoModelForCausalLM, Gemma4Config, Gemma4TextConfig
+
+    from ckpt_factory import gemma4_text_config
+
+    text = {k: v for k, v in gemma4_text_config(DraftSpec(family="gemma4"), 4).items() if k != "model_type"}
+    target = tmp_path / "target"
+    model = AutoModelForCausalLM.from_config(Gemma4Config(text_config=Gemma4TextConfig(**text), vision_config=None,
+                                                          audio_config=None))
+    model.save_pretrained(target)
+    write_byte_tokenizer(target)
+    result = runner.invoke(app, ["train", "--target", str(target), "--data", str(targets["data"]),
+                                 "-o", str(tmp_path / "d"), *RUN])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert (config["architectures"], config["target_model_type"], config["model_type"]) == (
+        ["Gemma4DSparkModel"], "gemma4", "gemma4_text")
+    assert _report(tmp_path / "d", target).errors == []
+    pair = Pair.load(target, tmp_path / "d", device="cpu", dtype="float32")
+    assert pair.generate("def add(a", max_new_tokens=12).tokens == pair.baseline("def add(a", max_new_tokens=12).tokens

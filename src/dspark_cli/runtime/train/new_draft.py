@@ -99,10 +99,12 @@ def draft_family(target_config: dict, requested: str | None) -> str:
 
 
 def text_config(target_config: dict) -> dict:
-    """A multimodal Gemma-4 target's text_config (DeepSpec get_gemma4_text_config), else the config itself."""
+    """A multimodal Gemma-4 target's text_config (DeepSpec get_gemma4_text_config) with the outer model_type as
+    target_model_type, else the config itself."""
     inner = target_config.get("text_config")
-    return inner if target_config.get("model_type") in ("gemma4", "gemma4_unified") and isinstance(inner, dict) \
-        else target_config
+    if target_config.get("model_type") in ("gemma4", "gemma4_unified") and isinstance(inner, dict):
+        return {**inner, "target_model_type": target_config["model_type"]}
+    return target_config
 
 
 def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: list[int], mask: MaskChoice,
@@ -156,7 +158,7 @@ def gemma4_draft_config(text: dict, target_config: dict, shape: DraftShape, targ
                            "per_layer_config")}
     config.update(
         architectures=["Gemma4DSparkModel"],
-        target_model_type=target_config.get("model_type"),
+        target_model_type=text.get("target_model_type", target_config.get("model_type")),
         target_text_model_type=text.get("model_type"),
         global_head_dim=head_dim,
         num_global_key_value_heads=kv_heads,
