@@ -4,7 +4,9 @@
     path = write_draft(tmp_path / "d", spec)  # config.json + model.safetensors (or shards)
     path = write_draft(..., mutate=drop("d2t"), edit={"markov_rank": None})
 
-`tiny_target` writes a matching random Qwen3 target with transformers.
+`tiny_target` writes a matching random Qwen3 target with transformers. `DraftSpec(family="gemma4")` is a
+DeepSpec Gemma-4 draft (Gemma4DSparkModel) and `tiny_target` then writes a Gemma-4 text target;
+`markov_head_type` "gated" / "rnn" adds those heads' projections.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ class DraftSpec:
     dtype: torch.dtype = torch.bfloat16
     seed: int = 0
     extra_config: dict = field(default_factory=dict)
+    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
+    family: str = "qwen3"  # qwen3 | gemma4 (DeepSpec Gemma4DSparkModel)
+    global_head_dim: int = 32  # Gemma-4 full-attention geometry (the draft layers are all full attention)
+    num_global_key_value_heads: int = 1
+    attention_k_eq_v: bool = True
+    final_logit_softcapping: float | None = 30.0
 
     @property
     def vd(self) -> int:
@@ -54,8 +62,73 @@ class DraftSpec:
         return replace(self, **changes)
 
 
+def gemma4_text_config(spec: DraftSpec, layers: int) -> dict:
+    """A Gemma-4 text config (model_type gemma4_text) as transformers 5.10 writes it: global_head_dim and
+    num_global_key_value_heads at the top level; every layer full attention (what a draft has)."""
+    return {
+        "model_type": "gemma4_text",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "global_head_dim": spec.global_head_dim,
+        "num_global_key_value_heads": spec.num_global_key_value_heads,
+        "attention_k_eq_v": spec.attention_k_eq_v,
+        "attention_bias": spec.attention_bias,
+        "attention_dropout": 0.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
+        "enable_moe_block": False,
+        "use_double_wide_mlp": False,
+        "final_logit_softcapping": spec.final_logit_softcapping,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "sliding_window": 512,
+        "layer_types": ["full_attention"] * layers,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+    }
+
+
+def gemma4_draft_config(spec: DraftSpec) -> dict:
+    """config.json as DeepSpec's Gemma-4 build_draft_config writes it (the target's text config + overrides)."""
+    config = gemma4_text_config(spec, spec.num_hidden_layers)
+    config.update(
+        architectures=["Gemma4DSparkModel"],
+        target_model_type="gemma4_text",
+        target_text_model_type="gemma4_text",
+        num_target_layers=spec.target_layers,
+        block_size=spec.block_size,
+        mask_token_id=spec.mask_token_id,
+        target_layer_ids=list(spec.target_layer_ids),
+        num_anchors=512,
+        enable_confidence_head=spec.confidence,
+        markov_rank=spec.markov_rank,
+        torch_dtype="bfloat16",
+    )
+    if spec.confidence:
+        config["confidence_head_with_markov"] = spec.confidence_with_markov
+    if spec.markov_rank:
+        config["markov_head_type"] = spec.markov_head_type
+    config.update(spec.extra_config)
+    return config
+
+
 def draft_config(spec: DraftSpec) -> dict:
     """config.json as DeepSpec's build_draft_config writes it (target Qwen3 config + draft overrides)."""
+    if spec.family == "gemma4":
+        return gemma4_draft_config(spec)
     config = {
         "architectures": ["Qwen3DSparkModel"],
         "model_type": "qwen3",
@@ -85,7 +158,7 @@ def draft_config(spec: DraftSpec) -> dict:
     if spec.draft_vocab_size is not None:
         config["draft_vocab_size"] = spec.draft_vocab_size
     if spec.markov_rank:
-        config.update(markov_rank=spec.markov_rank, markov_head_type="vanilla")
+        config.update(markov_rank=spec.markov_rank, markov_head_type=spec.markov_head_type)
     else:
         config["architectures"] = ["DFlashDraftModel"]
         config["dflash_config"] = {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)}
@@ -113,7 +186,9 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
         return (1.0 + 0.1 * torch.randn(n, generator=gen)).to(spec.dtype)
 
     tensors: Tensors = {}
-    for i in range(spec.num_hidden_layers):
+    if spec.family == "gemma4":
+        tensors.update(gemma4_layer_tensors(spec, rand, norm, gen))
+    for i in range(spec.num_hidden_layers if spec.family == "qwen3" else 0):
         p = f"layers.{i}."
         tensors.update({
             p + "self_attn.q_proj.weight": rand(hq, H),
@@ -141,12 +216,49 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
     if spec.markov_rank:
         tensors["markov_head.markov_w1.weight"] = rand(spec.vocab_size, spec.markov_rank, std=0.5)
         tensors["markov_head.markov_w2.weight"] = rand(spec.vd, spec.markov_rank, std=0.5)
+        r = spec.markov_rank
+        if spec.markov_head_type == "gated":
+            tensors["markov_head.gate_proj.weight"] = rand(r, H + r, std=0.3)
+            tensors["markov_head.gate_proj.bias"] = rand(r, std=0.3)
+        elif spec.markov_head_type == "rnn":
+            tensors["markov_head.joint_proj.weight"] = rand(3 * r, 2 * r + H, std=0.3)
+            tensors["markov_head.joint_proj.bias"] = rand(3 * r, std=0.3)
     if spec.confidence:
         width = H + (spec.markov_rank if spec.confidence_with_markov and spec.markov_rank else 0)
         tensors["confidence_head.proj.weight"] = rand(1, width, std=0.1)
         tensors["confidence_head.proj.bias"] = rand(1, std=0.1)
     if spec.draft_vocab_size is not None and spec.draft_vocab_size != spec.vocab_size:
         tensors["d2t"] = reduced_vocab_d2t(spec.draft_vocab_size, spec.vocab_size)
+    return tensors
+
+
+def gemma4_layer_tensors(spec: DraftSpec, rand, norm, gen: torch.Generator) -> Tensors:
+    """Gemma-4 draft layers: full-attention geometry, no v_proj with attention_k_eq_v, sandwich norms, layer_scalar."""
+    H, I, D = spec.hidden_size, spec.intermediate_size, spec.global_head_dim
+    kv = spec.num_global_key_value_heads if spec.attention_k_eq_v else spec.num_key_value_heads
+    hq, hkv = spec.num_attention_heads * D, kv * D
+    tensors: Tensors = {}
+    for i in range(spec.num_hidden_layers):
+        p = f"layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": rand(hq, H),
+            p + "self_attn.k_proj.weight": rand(hkv, H),
+            p + "self_attn.o_proj.weight": rand(H, hq),
+            p + "self_attn.q_norm.weight": norm(D),
+            p + "self_attn.k_norm.weight": norm(D),
+            p + "mlp.gate_proj.weight": rand(I, H),
+            p + "mlp.up_proj.weight": rand(I, H),
+            p + "mlp.down_proj.weight": rand(H, I),
+            p + "layer_scalar": (0.5 + torch.rand(1, generator=gen)).to(spec.dtype),
+        })
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            tensors[p + f"{name}.weight"] = norm(H)
+        if not spec.attention_k_eq_v:
+            tensors[p + "self_attn.v_proj.weight"] = rand(hkv, H)
+        if spec.attention_bias:
+            for proj, width in (("q", hq), ("k", hkv), ("o", H)) + ((() if spec.attention_k_eq_v else (("v", hkv),))):
+                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(width)
     return tensors
 
 
@@ -215,7 +327,14 @@ def write_folder(path: Path, config: dict, tensors: Tensors, *, shards: int = 1)
 
 
 def target_config(spec: DraftSpec) -> dict:
-    """A Qwen3 target config matching `spec` (same vocab and hidden size, `target_layers` deep)."""
+    """A Qwen3 target config matching `spec` (same vocab and hidden size, `target_layers` deep); a Gemma-4 text
+    target (sliding and full layers, as Gemma-4 has) for a Gemma-4 draft."""
+    if spec.family == "gemma4":
+        config = gemma4_text_config(spec, spec.target_layers)
+        config["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                 for i in range(spec.target_layers)]
+        config["sliding_window"] = 8
+        return {"architectures": ["Gemma4ForCausalLM"], **config}
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -236,12 +355,18 @@ def target_config(spec: DraftSpec) -> dict:
 
 
 def tiny_target(path: Path, spec: DraftSpec = DraftSpec(), seed: int = 0) -> Path:
-    """A random Qwen3ForCausalLM saved with save_pretrained (float32), matching `spec`."""
+    """A random Qwen3ForCausalLM (Gemma4ForCausalLM for a Gemma-4 spec) saved with save_pretrained (float32)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = target_config(spec)
-    model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    if spec.family == "gemma4":
+        from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+        model = Gemma4ForCausalLM(Gemma4TextConfig(**kwargs))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**kwargs))
     with torch.no_grad():  # larger logits than the default init, so greedy decoding is not all ties
         model.lm_head.weight.normal_(0, 0.5)
     model.save_pretrained(path)

@@ -23,13 +23,21 @@ W1, W2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
 
 
 def bigram_target(path: Path, spec: DraftSpec, *, damp: float = 0.1, logit_std: float = 0.5, seed: int = 0) -> Path:
-    """tiny_target with o_proj / down_proj scaled by `damp` and lm_head ~ N(0, logit_std) (float32)."""
+    """tiny_target with o_proj / down_proj scaled by `damp` and lm_head ~ N(0, logit_std) (float32). A Gemma-4
+    target normalises both outputs again (sandwich norms), so its post-attention / post-feedforward norms are
+    scaled instead, and its embedding is enlarged so that the current token dominates the residual stream."""
     from transformers import AutoModelForCausalLM
 
     tiny_target(path, spec, seed=seed)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
+        if spec.family == "gemma4":
+            model.model.embed_tokens.weight.mul_(20.0)
         for layer in model.model.layers:
+            if spec.family == "gemma4":
+                layer.post_attention_layernorm.weight.mul_(damp)
+                layer.post_feedforward_layernorm.weight.mul_(damp)
+                continue
             layer.self_attn.o_proj.weight.mul_(damp)
             layer.mlp.down_proj.weight.mul_(damp)
         model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=_gen(seed)) * logit_std)

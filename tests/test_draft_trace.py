@@ -5,7 +5,8 @@ these pin what the draft proposes.
    same distribution as draft_forward (training: one masked forward, teacher-forced Markov inputs) for the same
    context and anchor, in float32. Checked at T = 0.5 so that temperature handling is part of it, with a
    reduced-vocabulary draft (d2t) so that the Markov head's target-id input is, and with a rank-0 draft (no Markov head:
-   base logits only).
+   base logits only), and for gated / RNN heads and a Gemma-4 draft (the teacher-forced latents of training
+   equal the walk's).
 2. The golden trace: the shipped demo pair, float32 on CPU, greedy, block 7, fixed prompts; the accepted count of
    every round is pinned in tests/golden/demo_trace.json. Any draft-side change flips some round. After a
    deliberate demo rebuild, regenerate it with `pytest tests/test_draft_trace.py --update-golden`.
@@ -35,6 +36,9 @@ TRACE_BLOCK, TRACE_TOKENS = 7, 64
 SPECS = {
     "markov_d2t": DraftSpec(draft_vocab_size=96, markov_rank=32, block_size=5, dtype=torch.float32),
     "rank0": DraftSpec(markov_rank=0, confidence=False, sample_from_anchor=True, block_size=5, dtype=torch.float32),
+    "gated": DraftSpec(markov_head_type="gated", markov_rank=32, block_size=5, dtype=torch.float32),
+    "rnn": DraftSpec(markov_head_type="rnn", markov_rank=32, block_size=5, dtype=torch.float32),
+    "gemma4_rnn": DraftSpec(family="gemma4", markov_head_type="rnn", block_size=5, dtype=torch.float32),
 }
 
 

@@ -154,7 +154,7 @@ def test_json_document(target_dir, draft_dir, tmp_path, monkeypatch):
 
 
 def test_refused_draft_exits_1_with_the_findings(tmp_path, target_dir):
-    draft = write_draft(tmp_path / "gated", edit={"markov_head_type": "gated"})
+    draft = write_draft(tmp_path / "gated", DraftSpec(markov_head_type="gated"))
     result = invoke(target_dir, draft, "--dry-run")
     assert result.exit_code == 1
     assert result.stdout == ""  # no command for a draft vLLM cannot serve

@@ -38,13 +38,13 @@ def test_valid_checkpoint_exits_0_with_resolved_values(draft_dir):
     out = " ".join(result.stdout.split())
     assert "mask token 250 (mask_token_id)" in out
     assert "target layers [0, 2] = hidden_states [1, 3] (target_layer_ids)" in out
-    assert "markov head rank 32, bf16" in out
+    assert "markov head vanilla, rank 32, bf16" in out
     assert "DSP100" in out and "ok 0 errors, 0 warnings, 1 info" in out
     assert "DSP601-DSP606: tensor values are checked only with --deep" in out
 
 
 def test_errors_exit_1_grouped_by_severity(tmp_path, spec):
-    path = write_draft(tmp_path / "d", spec, edit={"markov_head_type": "gated", "block_size": None})
+    path = write_draft(tmp_path / "d", spec.with_(markov_head_type="gated"), edit={"block_size": None})
     result = invoke(path)
     assert result.exit_code == 1
     out = result.stdout
@@ -61,7 +61,7 @@ def test_strict_turns_warnings_into_exit_1(tmp_path, spec):
 
 
 def test_json_is_the_only_output_on_stdout(tmp_path, spec):
-    path = write_draft(tmp_path / "d", spec, edit={"markov_head_type": "rnn"})
+    path = write_draft(tmp_path / "d", spec.with_(markov_head_type="rnn"))
     result = invoke(path, "--json", "-")
     document = json.loads(result.stdout)
     assert result.exit_code == 1 == document["exit_code"]

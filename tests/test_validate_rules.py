@@ -161,6 +161,9 @@ def outcome(case: Case, path: Path) -> list[str]:
         return [error.code]
 
 
+GEMMA = DraftSpec(family="gemma4")  # a DeepSpec Gemma-4 draft (its own rules, DSP040-DSP047)
+
+
 def edited(**edit) -> Callable[[Path], Path]:
     return lambda p: write_draft(p, S, edit=edit)
 
@@ -277,6 +280,15 @@ CASES = [
     Case("DSP011", edited(markov_rank="256")),
     Case("DSP007", edited(markov_rank=0)),
     Case("DSP012", edited(markov_head_type="gated")),
+    Case("DSP040", lambda p: write_draft(p, GEMMA, mutate=lambda t: {k: v for k, v in t.items()
+                                                                      if k != "embed_tokens.weight"})),
+    Case("DSP041", lambda p: write_draft(p, GEMMA.with_(attention_k_eq_v=False))),
+    Case("DSP042", lambda p: write_draft(p, GEMMA.with_(draft_vocab_size=128))),
+    Case("DSP043", lambda p: write_draft(p, GEMMA)),
+    Case("DSP044", lambda p: write_draft(p, GEMMA, edit={"layer_types": ["sliding_attention", "full_attention"]})),
+    Case("DSP045", lambda p: write_draft(p, GEMMA, edit={"enable_moe_block": True})),
+    Case("DSP046", lambda p: write_draft(p, GEMMA)),
+    Case("DSP047", lambda p: write_draft(p, GEMMA, edit={"global_head_dim": None})),
     Case("DSP013", edited(block_size=0)),
     Case("DSP014", edited(block_size=None)),
     Case("DSP015", edited(mask_token_id=None)),

@@ -198,7 +198,7 @@ def _load(settings: dict, sets: list, out: Console):
     _warn(out, pair.warnings[len(checked.warnings) :])
     params = SamplingParams(temperature=s["temperature"])
     s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
-             markov=pair.strategy(params), chat=use_chat)
+             markov=pair.strategy(params), chat=use_chat, draft_kind=pair.draft_kind)
     options = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
     warm = [True]
@@ -247,8 +247,9 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
     cut = ""
     if s["confidence_threshold"] is not None:
         cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
+    kind = f"{s['draft_kind']}, " if s.get("draft_kind") else ""
     out.print(Text("\ndspark eval", style="bold") + Text(
-        f"  block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
+        f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
         f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
     out.print(_main_table(rows))
     out.print(_positions_table(rows, s["block_size"]))

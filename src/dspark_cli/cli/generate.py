@@ -94,7 +94,7 @@ def generate(
     settings = Settings(checked.target_source, checked.draft_source, str(pair.device),
                         str(checked.dtype).removeprefix("torch."), pair.block_size, checked.check.trained_block_size,
                         pair.strategy(params), pair.draft_topk, confidence_threshold, temperature, top_p, top_k,
-                        max_new_tokens, seed, use_chat, pair.warnings)
+                        max_new_tokens, seed, use_chat, pair.warnings, draft_kind=pair.draft_kind)
     with out.status("warming up"):
         pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, params=params, seed=seed)
     runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, max_new_tokens=max_new_tokens,

@@ -53,6 +53,7 @@ class Settings:
     seed: int
     chat: bool
     warnings: list[str] = field(default_factory=list)
+    draft_kind: str = ""  # e.g. "Gemma-4 draft, rnn Markov head" (Pair.draft_kind)
 
 
 class Stream:
@@ -94,7 +95,8 @@ def json_document(settings: Settings, summary: "Summary", runs: list[PromptRun],
 def print_report(out: Console, settings: Settings, summary: "Summary", runs: list[PromptRun], baseline: bool,
                  greedy: bool) -> None:
     out.print(Text("\ndspark generate", style="bold") + Text(
-        f"  block {settings.block_size}, markov {settings.markov}"
+        f"  {settings.draft_kind + ', ' if settings.draft_kind else ''}block {settings.block_size}, "
+        f"markov {settings.markov}"
         + (f" (top-{settings.draft_topk})" if settings.draft_topk and settings.markov != "dense" else "")
         + (f", confidence >= {settings.confidence_threshold}" if settings.confidence_threshold else "")
         + f", T={settings.temperature}, {settings.device} {settings.dtype}", style="dim"))

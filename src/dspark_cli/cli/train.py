@@ -61,6 +61,11 @@ def train(
                                                 "(default: evenly spaced like DeepSpec)."),
     markov_rank: Optional[int] = typer.Option(None, "--markov-rank", min=0, help="Markov head rank; 0 trains a "
                                               "DFlash draft (default: 256; on --resume: the checkpoint's)."),
+    markov_head_type: Optional[str] = typer.Option(None, "--markov-head-type", help="Markov head type: vanilla, "
+                                                   "gated or rnn (DeepSpec's; vLLM serves only vanilla) (default: "
+                                                   "vanilla; on --resume: the checkpoint's)."),
+    draft_arch: str = typer.Option("auto", "--draft-arch", help="Draft family: auto (gemma4 for a Gemma-4 target, "
+                                   "else qwen3, as DeepSpec), qwen3 or gemma4."),
     confidence: Optional[bool] = typer.Option(None, "--confidence/--no-confidence", help="Train a confidence head "
                                               "(default: on; on --resume: as the checkpoint)."),
     confidence_with_markov: Optional[bool] = typer.Option(None, "--confidence-with-markov/--confidence-without-markov",
@@ -113,9 +118,18 @@ def train(
 
     if not (math.isfinite(lr) and lr > 0):
         raise DsparkError(f"--lr must be a finite number above 0 (got {lr}); the default is 6e-4.")
+    from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
+    from dspark_cli.runtime.train.new_draft import DRAFT_ARCHS
+
+    if markov_head_type is not None and markov_head_type not in HEAD_TYPES:
+        raise DsparkError(f"--markov-head-type {markov_head_type!r} is not a head type; choose "
+                          f"{', '.join(HEAD_TYPES)}.")
+    if draft_arch != "auto" and draft_arch not in DRAFT_ARCHS:
+        raise DsparkError(f"--draft-arch {draft_arch!r} is not a draft family; choose auto, {', '.join(DRAFT_ARCHS)}.")
     given = {name: value for name, value in dict(
         layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers), markov_rank=markov_rank,
         confidence=confidence, confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,
+        markov_head_type=markov_head_type, arch=None if draft_arch == "auto" else draft_arch,
     ).items() if value is not None}
     base = checkpoint_shape(resume) if resume is not None else DraftShape()
     shape = replace(base, **given, train_embeddings=train_embeddings, train_lm_head=train_lm_head)

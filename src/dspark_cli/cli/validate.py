@@ -127,7 +127,7 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
         ("vocab", f"input {resolved['vocab_size']}, draft {sourced(resolved['draft_vocab_size'])}"),
         ("target vocab", sourced(resolved["target_vocab_size"])),
         ("target depth", sourced(resolved["target_depth"])),
-        ("markov head", f"rank {resolved['markov_rank']}, {resolved['head_format']}"
+        ("markov head", f"{resolved['markov_head_type']}, rank {resolved['markov_rank']}, {resolved['head_format']}"
                         if resolved["markov_rank"] else "none"),
         ("confidence", str(resolved["confidence_head"])),
         ("layout", str(resolved["layout"])),

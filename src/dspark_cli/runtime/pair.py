@@ -97,12 +97,13 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
     """Pre-load checks of a draft checkpoint against its target's config.json: validate's rules (vocab,
     hidden size, depth, tensors), then the block size and --draft-topk. DsparkError names the first problem."""
     from dspark_cli.runtime.checkpoint.config import DraftConfig
-    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY, validate_checkpoint
 
     report = validate_checkpoint(ckpt, target_config)
-    if report.errors:
-        first = report.errors[0]
-        more = f" ({len(report.errors) - 1} more problems)" if len(report.errors) > 1 else ""
+    errors = [f for f in report.errors if f.code not in VLLM_ONLY]  # dspark runs what only vLLM cannot serve
+    if errors:
+        first = errors[0]
+        more = f" ({len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise DsparkError(f"{ckpt.source} cannot run with this target: {first.code} {first.message} Fix: "
                           f"{first.hint}{more} Run `dspark validate {ckpt.source} --target ...` for every finding.")
     config = DraftConfig.from_dict(ckpt.config)
@@ -120,7 +121,7 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
     vd = config.draft_vocab_size
     if draft_topk is not None and not 1 <= draft_topk <= vd:
         raise DsparkError(f"--draft-topk must be between 1 and the draft vocabulary size {vd}, got {draft_topk}.")
-    warnings = [f"{f.code} {f.message}" for f in report.warnings]
+    warnings = [f"{f.code} {f.message}" for f in report.warnings + [e for e in report.errors if e not in errors]]
     return PairCheck(block_size, trained, draft_topk, warnings)
 
 
@@ -321,6 +322,13 @@ class Pair:
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+    @property
+    def draft_kind(self) -> str:
+        """The draft's family and Markov head type, for reports: "Gemma-4 draft, rnn Markov head"."""
+        config = self.draft.config
+        head = f"{config.markov_head_type} Markov head" if config.markov_rank else "no Markov head"
+        return f"{config.family_title} draft, {head}"
 
     def strategy(self, params: SamplingParams = GREEDY) -> str:
         """The Markov strategy the requested one resolves to under `params`; DsparkError when it cannot run."""

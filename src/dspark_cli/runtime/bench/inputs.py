@@ -137,6 +137,11 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     if not draft_config.markov_rank:
         raise DsparkError(f"{ckpt.source} has no Markov head (markov_rank 0, a DFlash draft); there is no "
                           "sequential Markov stage to benchmark.")
+    if draft_config.markov_head_type != "vanilla":
+        raise DsparkError(f"{ckpt.source} has a {draft_config.markov_head_type!r} Markov head; `dspark bench markov` "
+                          "times vanilla heads (its fused kernel and reference walk are vanilla-only, and a "
+                          f"{draft_config.markov_head_type} head needs the backbone's hidden states); `dspark "
+                          "generate` and `dspark eval` run it and report the Markov stage's time per round.")
     hidden, vocab, draft_vocab = draft_config.hidden_size, draft_config.vocab_size, draft_config.draft_vocab_size
     draft = load_draft(
         ckpt,

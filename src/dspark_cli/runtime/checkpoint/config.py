@@ -11,15 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.families import FAMILIES, family_for
+from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
 DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
-OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "Gemma4DSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel",
-                         "DSparkV41DraftModel"}
+OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel", "DSparkV41DraftModel"}
 DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
 
 # Checkpoint layouts (docs/formats-other.md §5), as `DraftConfig.format`.
 FORMAT_NAMES = {
     "deepspec": "DeepSpec (Qwen3DSparkModel)",
+    "deepspec-gemma4": "DeepSpec Gemma-4 (Gemma4DSparkModel)",
     "specforge": "SpecForge DSpark (DSparkDraftModel, fields under dflash_config)",
     "speculators-dspark": "speculators DSpark (speculators_model_type 'dspark')",
     "speculators-dflash": "speculators DFlash (speculators_model_type 'dflash')",
@@ -79,6 +81,12 @@ class DraftConfig:
     format: str = "unknown"  # a key of FORMAT_NAMES
     vllm_config: dict[str, Any] = field(default_factory=dict)  # the config as vLLM sees it after its adapters
     nested_only: tuple[str, ...] = ()  # SPECFORGE_HOISTED_KEYS found only under dflash_config (vLLM misses them)
+    # The draft family (checkpoint/families/) and the keys some families resolve differently (Gemma-4).
+    family: str = "qwen3"
+    attention_k_eq_v: bool = False  # values are the keys' projection (no v_proj)
+    final_logit_softcapping: float | None = None  # base logits = tanh(l / cap) * cap
+    rope_partial_factor: float = 1.0  # proportional RoPE: the first factor * head_dim/2 frequencies rotate
+    hidden_act: str = "silu"
 
     @property
     def mask_token_id(self) -> int | None:
@@ -122,7 +130,9 @@ class DraftConfig:
         markov_rank = _int(rank) if rank is not None else (0 if kind == "dflash" else None)
         alpha = dflash.get("confidence_head_alpha", 0)  # SpecForge builds the head when its loss weight is > 0
         confidence_default = fmt == "specforge" and isinstance(alpha, (int, float)) and alpha > 0
-        return cls(
+        head_type = dspark_keys.get("markov_head_type", "vanilla" if markov_rank else None)
+        family = family_for(_list(view.get("architectures")))
+        config = cls(
             raw=raw,
             architecture=architecture,
             kind=kind,
@@ -142,7 +152,7 @@ class DraftConfig:
             target_layer_ids=resolve_target_layer_ids(view),
             block_size=resolve_block_size(view),
             markov_rank=markov_rank,
-            markov_head_type=dspark_keys.get("markov_head_type", "vanilla" if markov_rank else None),
+            markov_head_type=head_type.lower() if isinstance(head_type, str) else head_type,  # DeepSpec lower-cases
             enable_confidence_head=bool(dspark_keys.get("enable_confidence_head", confidence_default)),
             # Newer vLLM defaults to False when the key is missing; DeepSpec always writes it.
             confidence_head_with_markov=bool(dspark_keys.get("confidence_head_with_markov", False)),
@@ -155,7 +165,11 @@ class DraftConfig:
             format=fmt,
             vllm_config=view,
             nested_only=tuple(nested),
+            family=family.name,
         )
+        for key, value in family.resolve(view).items():  # the family's own key resolution (Gemma-4 geometry)
+            setattr(config, key, value)
+        return config
 
     def require_runnable(self, source: str) -> None:
         """Raise one clear DsparkError if this config lacks what a forward pass needs."""
@@ -172,9 +186,13 @@ class DraftConfig:
                               "target's hidden states.")
         if self.markov_rank is None or self.markov_rank < 0:
             raise DsparkError(f"{source}: config.json key 'markov_rank' must be a non-negative integer.")
-        if self.has_markov and self.markov_head_type != "vanilla":
-            raise DsparkError(f"{source}: markov_head_type {self.markov_head_type!r} is not supported (vLLM and "
-                              "dspark implement only 'vanilla').")
+        if self.has_markov and self.markov_head_type not in HEAD_TYPES:
+            raise DsparkError(f"{source}: markov_head_type {self.markov_head_type!r} is not a Markov head type "
+                              f"dspark knows ({', '.join(HEAD_TYPES)}).")
+
+    @property
+    def family_title(self) -> str:
+        return FAMILIES[self.family].title
 
 
 @dataclass(frozen=True)
@@ -218,6 +236,8 @@ def detect_format(raw: dict[str, Any]) -> str:
     model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
     if "Qwen3DSparkModel" in archs:
         return "deepspec"
+    if "Gemma4DSparkModel" in archs:
+        return "deepspec-gemma4"
     if "DSparkV41DraftModel" in archs or ("DSparkDraftModel" in archs and model_type in DEEPSEEK_V4_MODEL_TYPES):
         return "deepseek-v4"
     if "DSparkDraftModel" in archs:
@@ -313,7 +333,7 @@ def _architecture(raw: dict[str, Any]) -> str | None:
 def _kind(fmt: str) -> str:
     if fmt in ("dflash", "speculators-dflash"):
         return "dflash"
-    if fmt in ("deepspec", "specforge", "speculators-dspark", "other-dspark"):
+    if fmt in ("deepspec", "deepspec-gemma4", "specforge", "speculators-dspark", "other-dspark"):
         return "dspark"
     return "unknown"
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dspark_cli.kernels import NVFP4_GROUP_SIZE as NVFP4_GROUP  # the NVFP4 block size lives with its math
+from dspark_cli.runtime.checkpoint.families import FAMILIES
+from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
 if TYPE_CHECKING:
     from dspark_cli.runtime.checkpoint.config import DraftConfig
@@ -73,10 +75,10 @@ def vllm_prefix(weight_name: str) -> str:
 
 
 def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
-    """Every tensor of a DSpark/DFlash draft by on-disk name. Needs hidden/intermediate size, depth, heads, vocab."""
-    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    D = config.head_dim
-    hq, hkv = config.num_attention_heads * D, (config.num_key_value_heads or config.num_attention_heads) * D
+    """Every tensor of a DSpark/DFlash draft by on-disk name. Needs hidden/intermediate size, depth, heads, vocab.
+    A decoder layer's tensors are its family's (checkpoint/families/), the Markov head's extras its type's
+    (checkpoint/heads.py)."""
+    H, V = config.hidden_size, config.vocab_size
     vd, r, ht = config.draft_vocab_size or V, config.markov_rank or None, config.target_hidden_size or H
     n = len(config.layer_ids) if config.layer_ids else None
     out: dict[str, ExpectedTensor] = {}
@@ -84,24 +86,13 @@ def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
     def add(name: str, shape: tuple[int | None, ...], formula: str, required: bool = True, dtype: str | None = None):
         out[name] = ExpectedTensor(name, shape, formula, required, dtype)
 
+    family = FAMILIES[config.family]
+    layer = family.layer_tensors(config)
     for i in range(config.num_hidden_layers):
-        p = f"layers.{i}."
-        add(p + "self_attn.q_proj.weight", (hq, H), "[num_attention_heads*head_dim, hidden_size]")
-        add(p + "self_attn.k_proj.weight", (hkv, H), "[num_key_value_heads*head_dim, hidden_size]")
-        add(p + "self_attn.v_proj.weight", (hkv, H), "[num_key_value_heads*head_dim, hidden_size]")
-        add(p + "self_attn.o_proj.weight", (H, hq), "[hidden_size, num_attention_heads*head_dim]")
-        if config.attention_bias:
-            add(p + "self_attn.q_proj.bias", (hq,), "[num_attention_heads*head_dim]")
-            add(p + "self_attn.k_proj.bias", (hkv,), "[num_key_value_heads*head_dim]")
-            add(p + "self_attn.v_proj.bias", (hkv,), "[num_key_value_heads*head_dim]")
-            add(p + "self_attn.o_proj.bias", (H,), "[hidden_size]")
-        add(p + "self_attn.q_norm.weight", (D,), "[head_dim]")
-        add(p + "self_attn.k_norm.weight", (D,), "[head_dim]")
-        add(p + "mlp.gate_proj.weight", (I, H), "[intermediate_size, hidden_size]")
-        add(p + "mlp.up_proj.weight", (I, H), "[intermediate_size, hidden_size]")
-        add(p + "mlp.down_proj.weight", (H, I), "[hidden_size, intermediate_size]")
-        add(p + "input_layernorm.weight", (H,), "[hidden_size]")
-        add(p + "post_attention_layernorm.weight", (H,), "[hidden_size]")
+        for name, shape, formula in layer:
+            add(f"layers.{i}.{name}", shape, formula)
+        for name, shape, formula in family.optional_layer_tensors:
+            add(f"layers.{i}.{name}", shape, formula, required=False)
     add("norm.weight", (H,), "[hidden_size]")
     add("hidden_norm.weight", (H,), "[hidden_size]")
     if config.use_aux_hidden_state:
@@ -113,6 +104,8 @@ def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
         if config.markov_rank != 0:  # rank 0: DeepSpec's DFlash ablation, no Markov head
             add(MARKOV_W1, (V, r), "[vocab_size, markov_rank]")
             add(MARKOV_W2, (vd, r), "[draft_vocab_size, markov_rank]")
+            for name, shape, formula in HEAD_TYPES.get(config.markov_head_type, ()):
+                add(name, shape(H, r) if r else (None,), formula)
         with_markov = config.confidence_head_with_markov and config.markov_rank != 0
         width = (H + r if r else None) if with_markov else H  # None: markov_rank unknown
         formula = "[1, hidden_size+markov_rank]" if with_markov else "[1, hidden_size]"
@@ -123,15 +116,9 @@ def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
 
 def linear_modules(config: "DraftConfig") -> list[LinearModule]:
     """The draft's quantizable Linear layers: qkv/o/gate_up/down per layer, fc, the heads."""
-    modules = []
-    for i in range(config.num_hidden_layers or 0):
-        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        modules += [
-            LinearModule(f"model.{attn}qkv_proj", tuple(f"{attn}{x}_proj.weight" for x in "qkv")),
-            LinearModule(f"model.{attn}o_proj", (f"{attn}o_proj.weight",)),
-            LinearModule(f"model.{mlp}gate_up_proj", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight")),
-            LinearModule(f"model.{mlp}down_proj", (f"{mlp}down_proj.weight",)),
-        ]
+    family = FAMILIES[config.family]
+    modules = [LinearModule(prefix, weights) for i in range(config.num_hidden_layers or 0)
+               for prefix, weights in family.layer_linears(config, f"layers.{i}.")]
     for name in ("fc.weight", "lm_head.weight", "confidence_head.proj.weight", MARKOV_W2):
         modules.append(LinearModule(vllm_prefix(name), (name,)))
     return modules

@@ -3,7 +3,8 @@
 For each request b and position i = 0..N-1 (prev_0 = the request's anchor, a target-vocab id):
 
     e_i      = W1[prev_i]                                   # [r]
-    logits_i = base_i + scale * W2 @ e_i                    # [Vd] draft vocabulary
+    u_i      = e_i (vanilla) | head.step(s, e_i, h_i)       # [r] gated / RNN heads (runtime/model/heads/)
+    logits_i = base_i + scale * W2 @ u_i                    # [Vd] draft vocabulary
     d_i      = pick(logits_i)                               # argmax, or Gumbel-max of the processed logits
     prev_i+1 = draft_to_target(d2t, d_i)                    # back to a target id
 
@@ -18,7 +19,10 @@ One walk (`walk`) runs this loop batch-first; how logits_i is computed is a bias
 The fused kernel is the other implementation of the whole walk (`fused_walk`, kernels.markov.markov_walk).
 `markov_walk` picks one by strategy; generate and `dspark bench markov` both call it. With the same Gumbel
 noise every strategy picks the same tokens. A draft without a Markov head (DFlash, rank 0) picks every
-position from its base logits.
+position from its base logits. Gated and RNN heads (DeepSpec's markov_head_type) turn e_i into the latent u_i
+from the draft's hidden state h_i of the position (and, RNN, a state that starts at zero every block); the
+dense, topk and nvfp4 strategies run them (the bias functions take u_i), the fused kernel reads W1 itself and
+runs vanilla heads only.
 
 Picking: greedy takes argmax(logits_i). Sampling takes argmax(processed_logits(logits_i) + g_i) with
 g_i standard Gumbel noise, an exact sample of q_i = sampling.target_probs(logits_i, params): the draft
@@ -38,6 +42,7 @@ from dspark_cli.runtime.decode.sampling import SamplingParams, gumbel_argmax, pr
 
 if TYPE_CHECKING:
     from dspark_cli.kernels.nvfp4 import NVFP4Weight
+    from dspark_cli.runtime.model.heads.vanilla import VanillaHead
 
 STRATEGIES = ("dense", "topk", "nvfp4", "fused")
 
@@ -54,6 +59,11 @@ class MarkovWeights:
     w2_nvfp4: "NVFP4Weight | None"  # the checkpoint's NVFP4 W2 (packed rows for the gathers), or None
     scale: float  # logit_scale
     d2t: torch.Tensor | None  # [Vd] int64 offsets: target id = draft id + d2t[draft id]
+    head: "VanillaHead | None" = None  # a gated / RNN head (its step makes u_i); None: vanilla, u_i = e_i
+
+    @property
+    def head_type(self) -> str:
+        return "vanilla" if self.head is None else self.head.type_name
 
     @classmethod
     def from_draft(cls, draft) -> "MarkovWeights | None":
@@ -66,6 +76,7 @@ class MarkovWeights:
             w2_nvfp4=draft.w2_nvfp4,
             scale=draft.config.logit_scale,
             d2t=draft.d2t,
+            head=draft.markov_head if draft.markov_head.uses_hidden else None,
         )
 
 
@@ -102,14 +113,15 @@ def choose_strategy(
 ) -> str:
     """Resolve "auto" and check that the requested strategy can run; raises ValueError with the fix.
 
-    auto: dense without --draft-topk; with it, the fused walk on CUDA (when the sampling allows it),
-    else nvfp4 for an NVFP4 head, else topk.
+    auto: dense without --draft-topk; with it, the fused walk on CUDA (when the sampling and the head type allow
+    it: vanilla heads only), else nvfp4 for an NVFP4 head, else topk.
     """
     filtered_sampling = not params.greedy and (params.top_k > 0 or params.top_p < 1.0)
+    vanilla = weights is None or weights.head is None
     if requested == "auto":
         if weights is None or draft_topk is None:
             return "dense"
-        if on_cuda and not filtered_sampling:
+        if on_cuda and not filtered_sampling and vanilla:
             return "fused"
         return "nvfp4" if weights.w2_nvfp4 is not None else "topk"
     if requested not in STRATEGIES:
@@ -118,6 +130,9 @@ def choose_strategy(
         raise ValueError(f"the {requested} Markov strategy gathers top-k candidates; pass --draft-topk K")
     if requested == "nvfp4" and (weights is None or weights.w2_nvfp4 is None):
         raise ValueError("the nvfp4 Markov strategy needs a draft whose markov_w2 is NVFP4 (see `dspark quantize`)")
+    if requested == "fused" and not vanilla:
+        raise ValueError(f"the fused Markov walk implements only vanilla heads and this draft's head is "
+                         f"{weights.head_type}; pick --markov dense, topk or nvfp4")
     if requested == "fused" and filtered_sampling:
         raise ValueError("the fused Markov walk applies only a temperature; drop --top-k/--top-p or pick "
                          "--markov dense/topk")
@@ -134,9 +149,11 @@ def markov_walk(
     draft_topk: int | None = None,
     *,
     triton: bool | None = None,
+    hidden: torch.Tensor | None = None,
 ) -> MarkovResult:
     """Walk B blocks. base_logits [B, N, Vd]; first_prev [B] int64 anchors (target ids); noise [B, N, Vd]
-    standard Gumbel (needed unless greedy).
+    standard Gumbel (needed unless greedy); hidden [B, N, H] the draft's final-norm hidden states (needed by
+    gated and RNN heads).
 
     `strategy` is one of STRATEGIES (see choose_strategy); draft_topk is the candidate count of the
     gathered strategies, clamped to Vd. triton: run the nvfp4 / fused Triton kernels (True) or their torch
@@ -145,18 +162,23 @@ def markov_walk(
     base = base_logits.float()  # [B, N, Vd]
     if not params.greedy and noise is None:
         raise ValueError("sampling (temperature > 0) needs Gumbel noise [B, N, Vd]")
+    if weights is not None and weights.head is not None and hidden is None:
+        raise ValueError(f"the {weights.head_type} Markov head needs the draft's hidden states [B, N, H]")
     if weights is None:
         picks = pick(base.flatten(0, 1), params, None if noise is None else noise.flatten(0, 1))  # [B*N] draft ids
         return MarkovResult(tokens=picks.view(base.shape[:2]), logits=base, embeds=None)
     if strategy == "dense":
-        return walk(weights, dense_bias(weights, base), torch.empty_like(base), first_prev, params, noise)
+        return walk(weights, dense_bias(weights, base), torch.empty_like(base), first_prev, params, noise, hidden)
     candidates = select_candidates(base, draft_topk)
     if strategy == "fused":
+        if weights.head is not None:
+            raise ValueError("the fused Markov walk runs vanilla heads only")
         return fused_walk(weights, base, candidates, first_prev, params, noise, triton=triton)
     bias = gathered_bias(weights, candidates, nvfp4=strategy == "nvfp4", triton=triton)
-    return walk(weights, bias, torch.full_like(base, float("-inf")), first_prev, params, noise)
+    return walk(weights, bias, torch.full_like(base, float("-inf")), first_prev, params, noise, hidden)
 
 
+@torch.no_grad()  # a gated / RNN head's parameters require grad; the walk is inference only
 def walk(
     weights: MarkovWeights,
     bias: BiasFn,
@@ -164,16 +186,23 @@ def walk(
     first_prev: torch.Tensor,
     params: SamplingParams,
     noise: torch.Tensor | None,
+    hidden: torch.Tensor | None = None,
 ) -> MarkovResult:
     """The sequential walk. logits [B, N, Vd] fp32: the rows `bias` writes, filled beforehand wherever it
-    does not (-inf outside the candidates); first_prev [B] target ids; noise [B, N, Vd] or None (greedy)."""
+    does not (-inf outside the candidates); first_prev [B] target ids; noise [B, N, Vd] or None (greedy);
+    hidden [B, N, H] for a gated / RNN head (weights.head), whose state starts fresh for these blocks."""
     batch, n_steps, _ = logits.shape
     tokens = torch.empty(batch, n_steps, dtype=torch.long, device=logits.device)
     embeds = torch.empty(batch, n_steps, weights.w1.shape[1], dtype=weights.w1.dtype, device=logits.device)
+    head = weights.head
+    state = None if head is None else head.initial_state(batch, logits)
     prev = first_prev  # [B]
     for i in range(n_steps):
         embeds[:, i] = weights.w1[prev]  # [B] -> [B, r]
-        bias(embeds[:, i], i, logits[:, i])
+        latent = embeds[:, i]
+        if head is not None:
+            latent, state = head.step(state, latent, hidden[:, i])  # u_i [B, r], next state
+        bias(latent, i, logits[:, i])
         prev = draft_to_target(weights.d2t, pick(logits[:, i], params, None if noise is None else noise[:, i]))
         tokens[:, i] = prev
     return MarkovResult(tokens=tokens, logits=logits, embeds=embeds)

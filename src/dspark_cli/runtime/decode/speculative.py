@@ -132,7 +132,8 @@ def markov_stage(
     draft, params = drafter.draft, drafter.params
     noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, base.device)  # [1, N, Vd]
     first_prev = torch.tensor([anchor], device=base.device)  # [1]: the walk is batch-first, here one block
-    walk = markov_walk(drafter.strategy, drafter.weights, base[None], first_prev, params, noise, drafter.draft_topk)
+    walk = markov_walk(drafter.strategy, drafter.weights, base[None], first_prev, params, noise, drafter.draft_topk,
+                       hidden=hidden[None])  # hidden [1, N, H]: the gated / RNN heads read it
     tokens = walk.tokens[0]  # [N] target ids (with a Markov head the walk maps them through d2t)
     if drafter.weights is None and drafter.draft_vocab_ids is not None:
         tokens = drafter.draft_vocab_ids[tokens]  # no Markov head: the walk returned draft ids

@@ -1,117 +1,27 @@
 """DSparkDraft: the DSpark / DFlash draft model, and DraftContext, its context K/V cache during generation.
 
 One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
-input_layernorm), then the query block attends to all context and, non-causally, to itself through Qwen3 decoder
-layers and the final `norm`. The Markov head (`markov_w1` [V, r], `markov_w2` [Vd, r]) and the confidence head are
-exposed as separate pieces: the sequential stage lives in `runtime/decode/markov.py`. The draft knows nothing of files: loading by the
-DeepSpec tensor names (docs/format.md §1.2, §2) and saving are `runtime/model/draft_io.py`'s.
+input_layernorm), then the query block attends to all context and, non-causally, to itself through the decoder
+layers of the draft's family (runtime/model/families/: Qwen3, Gemma-4) and the final `norm`. The Markov head (its
+type from runtime/model/heads/: `markov_w1` [V, r], `markov_w2` [Vd, r], plus the gated / RNN projections) and
+the confidence head are exposed as separate pieces: the sequential stage lives in `runtime/decode/markov.py`. The
+draft knows nothing of files: loading by the DeepSpec tensor names (docs/format.md §1.2, §2) and saving are
+`runtime/model/draft_io.py`'s.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.families import FAMILIES
+from dspark_cli.runtime.model.families import BACKBONES
+from dspark_cli.runtime.model.heads import HEADS
+from dspark_cli.runtime.model.layers import rope_cos_sin
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """[B, T] int positions -> cos, sin [B, 1, T, head_dim] (neox layout: halves rotated together)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, D]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D] rotated at its positions."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class DraftAttention(nn.Module):
-    def __init__(self, config: DraftConfig):
-        super().__init__()
-        H, D = config.hidden_size, config.head_dim
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, D
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(H, self.heads * D, bias=bias)
-        self.k_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
-        self.v_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
-        self.o_proj = nn.Linear(self.heads * D, H, bias=bias)
-        self.q_norm = RMSNorm(D, config.rms_norm_eps)
-        self.k_norm = RMSNorm(D, config.rms_norm_eps)
-
-    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
-        """[B, T, heads*D] -> [B, heads, T, D]"""
-        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
-
-    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """[B, T, H] -> k, v [B, kv_heads, T, D] (k normed and rotated)."""
-        k = apply_rope(self.k_norm(self._split(self.k_proj(x), self.kv_heads)), cos, sin)
-        return k, self._split(self.v_proj(x), self.kv_heads)
-
-    def forward(self, x, cos, sin, context: tuple[torch.Tensor, torch.Tensor], attn_mask):
-        """Block x [B, Q, H] attends to [context ; block]; attn_mask [B|1, Q, C+Q] bool or None (all)."""
-        q = apply_rope(self.q_norm(self._split(self.q_proj(x), self.heads)), cos, sin)
-        k, v = self.key_value(x, cos, sin)
-        k = torch.cat([context[0].to(k.dtype), k], dim=2)
-        v = torch.cat([context[1].to(v.dtype), v], dim=2)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        mask = None if attn_mask is None else attn_mask[:, None]  # [B|1, 1, Q, C+Q]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, heads, Q, D]
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
-
-
-class DraftMLP(nn.Module):
-    def __init__(self, config: DraftConfig):
-        super().__init__()
-        H, I = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DraftLayer(nn.Module):
-    def __init__(self, config: DraftConfig):
-        super().__init__()
-        self.self_attn = DraftAttention(config)
-        self.mlp = DraftMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, context, attn_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context, attn_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class MarkovHead(nn.Module):
-    def __init__(self, vocab: int, draft_vocab: int, rank: int):
-        super().__init__()
-        self.markov_w1 = nn.Embedding(vocab, rank)  # indexed by target-vocab id
-        self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # rows indexed by draft id
 
 
 class ConfidenceHead(nn.Module):
@@ -128,14 +38,15 @@ class DSparkDraft(nn.Module):
             raise DsparkError("drafts with use_aux_hidden_state=false (no fc, last hidden state as context) are not "
                               "supported by dspark; use a checkpoint trained with target-layer features.")
         self.config = config
+        self.family = BACKBONES[config.family]
         H, V, Vd, r = config.hidden_size, config.vocab_size, config.draft_vocab_size, config.markov_rank
-        self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.layers = nn.ModuleList(self.family.DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = self.family.Norm(H, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.layer_ids) * config.target_hidden_size, H, bias=False)
-        self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
+        self.hidden_norm = self.family.Norm(H, config.rms_norm_eps)
         self.embed_tokens = nn.Embedding(V, H)
         self.lm_head = nn.Linear(H, Vd, bias=False)
-        self.markov_head = MarkovHead(V, Vd, r) if r else None
+        self.markov_head = HEADS[config.markov_head_type](V, Vd, r, H) if r else None
         self.confidence_head = ConfidenceHead(self.confidence_in_features) if config.enable_confidence_head else None
         self.register_buffer("d2t", None)
         self.w2_nvfp4 = None  # NVFP4Weight of markov_w2 when the checkpoint head is NVFP4 (packed rows for gathers)
@@ -154,8 +65,11 @@ class DSparkDraft(nn.Module):
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, RMSNorm):
+            elif getattr(module, "weight", None) is not None and module.weight.dim() == 1:  # the norms
                 nn.init.ones_(module.weight)
+        for name, buffer in self.named_buffers():
+            if name.endswith("layer_scalar"):
+                nn.init.ones_(buffer)
 
     # --- forward pieces ---------------------------------------------------------------------------------------
 
@@ -167,30 +81,45 @@ class DSparkDraft(nn.Module):
         """[B, T, n*Ht] -> [B, T, H]"""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """[B, T] positions -> cos, sin [B, 1, T, head_dim] (partial for Gemma-4's proportional RoPE)."""
+        c = self.config
+        return rope_cos_sin(positions, c.head_dim, c.rope_theta, dtype, c.rope_partial_factor)
+
     def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> KVCache:
         """context [B, T, H] at positions [B, T] -> per layer k, v [B, kv_heads, T, D]."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, context.dtype)
+        cos, sin = self.rope(positions, context.dtype)
         return [layer.self_attn.key_value(context, cos, sin) for layer in self.layers]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, Q] ids -> [B, Q, H] (times sqrt(H), rounded to the weight's dtype, for Gemma-4)."""
+        x = self.embed_tokens(input_ids)
+        scale = self.family.embed_scale(self.config)
+        return x if scale is None else x * torch.tensor(scale, dtype=x.dtype, device=x.device)
 
     def block_hidden(self, input_ids, positions, context_kv: KVCache, attn_mask=None) -> torch.Tensor:
         """Query block ids [B, Q] at positions [B, Q] -> final-norm hidden [B, Q, H]."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        x = self.embed(input_ids)
+        cos, sin = self.rope(positions, x.dtype)
         for layer, context in zip(self.layers, context_kv):
             x = layer(x, cos, sin, context, attn_mask)
         return self.norm(x)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., Vd] (draft vocabulary)"""
-        return self.config.logit_scale * self.lm_head(hidden)
+        """[..., H] -> [..., Vd] (draft vocabulary; soft-capped for Gemma-4, then times logit_scale)"""
+        return self.config.logit_scale * self.family.logits(self.lm_head(hidden), self.config)
 
     def markov_embed(self, prev_ids: torch.Tensor) -> torch.Tensor:
-        """target-vocab ids [...] -> [..., r]"""
+        """target-vocab ids [...] -> e = W1[prev] [..., r]"""
         return self.markov_head.markov_w1(prev_ids)
 
-    def markov_bias(self, embed: torch.Tensor) -> torch.Tensor:
-        """[..., r] -> [..., Vd]"""
-        return self.config.logit_scale * self.markov_head.markov_w2(embed)
+    def markov_latents(self, embed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced latents of whole blocks: e [..., K, r], hidden [..., K, H] -> u [..., K, r]."""
+        return self.markov_head.block_latents(embed, hidden)
+
+    def markov_bias(self, latent: torch.Tensor) -> torch.Tensor:
+        """u [..., r] -> [..., Vd]"""
+        return self.config.logit_scale * self.markov_head.markov_w2(latent)
 
     def confidence_logit(self, hidden: torch.Tensor, embed: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., H] (+ Markov embedding [..., r]) -> acceptance logit [...] in fp32."""
@@ -200,13 +129,17 @@ class DSparkDraft(nn.Module):
         return self.confidence_head.proj(x).squeeze(-1)
 
     def state_for_save(self, dtype: torch.dtype = torch.bfloat16, include_shared: bool = False) -> dict:
-        """DeepSpec-format tensors (names as on disk); shared target weights only if asked."""
+        """DeepSpec-format tensors (names as on disk); shared target weights only if asked, or when vLLM would not
+        share them for this family (Gemma-4: the draft ships its own embed_tokens and lm_head, as DeepSpec's)."""
+        include_shared = include_shared or not FAMILIES[self.config.family].vllm_shares_embeddings
         skip = set()
         if self.shares_embed and not include_shared:
             skip.add("embed_tokens.weight")
         if self.shares_lm_head and not include_shared:
             skip.add("lm_head.weight")
         tensors = {n: p.detach().to(dtype).contiguous().cpu() for n, p in self.named_parameters() if n not in skip}
+        tensors.update({n: b.detach().to(dtype).contiguous().cpu() for n, b in self.named_buffers()
+                        if n.endswith("layer_scalar")})
         if self.d2t is not None:
             tensors["d2t"] = self.d2t.cpu().long()
         return tensors

@@ -45,6 +45,8 @@ def load_draft(
 
 def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head, dtype, device) -> None:
     params = dict(model.named_parameters())
+    scalars = {n: b for n, b in model.named_buffers() if n.endswith("layer_scalar")}  # Gemma-4: default 1.0
+    params.update(scalars)
     nvfp4 = {}
     for canonical, stored in names.items():
         if canonical.startswith("markov_head.markov_w2.") and (
@@ -68,6 +70,10 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
     share_from_target(model, names, "embed_tokens.weight", target_embed, ckpt.source, dtype)
     share_from_target(model, names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
     loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
+    with torch.no_grad():
+        for name in set(scalars) - loaded:
+            scalars[name].fill_(1.0)
+    loaded |= set(scalars)
     if nvfp4:
         loaded.add(MARKOV_W2)
     missing = sorted(set(params) - loaded)

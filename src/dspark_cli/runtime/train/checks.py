@@ -178,12 +178,16 @@ def read_resume_point(folder: Path) -> ResumePoint:
 
 GEOMETRY_KEYS = {"layers": "num_hidden_layers", "block_size": "block_size", "markov_rank": "markov_rank",
                  "target_layers": "target_layer_ids", "confidence": "enable_confidence_head",
-                 "mask_token_id": "mask_token_id"}
+                 "mask_token_id": "mask_token_id", "markov_head_type": "markov_head_type"}
 
 
 def check_resume_shape(point: ResumePoint, shape, target: dict, steps: int) -> None:
     """The checkpoint must be this shape (a DraftShape), for this target, and short of `steps`."""
     config, where = point.config, point.folder / "config.json"
+    family = "gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3"
+    if shape.arch is not None and shape.arch != family:
+        raise DsparkError(f"{where}: the checkpoint is a {family} draft but this run asks for --draft-arch "
+                          f"{shape.arch}; resume with the checkpoint's family (or omit --draft-arch).")
     ids = config.get("target_layer_ids")
     for key in ("num_hidden_layers", "block_size", "markov_rank", "hidden_size", "intermediate_size",
                 "num_attention_heads", "vocab_size", "mask_token_id"):
@@ -240,7 +244,9 @@ def checkpoint_shape(folder: Path):
                       confidence=config.get("enable_confidence_head"),
                       confidence_with_markov=bool(config.get("confidence_head_with_markov", True)) or not (
                           rank and config.get("enable_confidence_head")),
-                      mask_token_id=config.get("mask_token_id"))
+                      mask_token_id=config.get("mask_token_id"),
+                      arch="gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3",
+                      markov_head_type=str(config.get("markov_head_type") or "vanilla"))
 
 
 # --- the plan of a run -----------------------------------------------------------------------------------------

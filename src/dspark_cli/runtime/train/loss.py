@@ -7,8 +7,9 @@ The objective follows DeepSpec (`deepspec/modeling/dspark/{common,loss}.py`), re
   predicts the token at a+j+1;
 - each block slot attends to the context strictly before its anchor (target features, keys at their own
   positions) and bidirectionally to its own block; all blocks of a sequence run in one forward;
-- the Markov head is teacher-forced: slot j adds W2 W1[prev_j] with prev_0 = the anchor, prev_j = the true
-  token a+j;
+- the Markov head is teacher-forced: slot j adds W2 u_j, u_j = W1[prev_j] (vanilla; gated and RNN heads make
+  u_j from it and the slot's hidden state, the RNN head's state starting at zero per block) with prev_0 = the
+  anchor, prev_j = the true token a+j;
 - loss = ce_alpha * CE(draft, true token) + l1_alpha * L1(draft probs, target probs) + confidence_alpha *
   BCE(confidence logit, 1 - L1/2), where L1 = sum |p - q| = 2 TV and the target distribution is the target's
   own next-token softmax at a+j (T = 1). Each term is a mean weighted by exp(-j / gamma) over valid slots.
@@ -155,7 +156,7 @@ def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch
     embed = None
     if draft.config.markov_rank:
         embed = draft.markov_embed(blocks.prev_ids)  # [B, A, K, r]
-        logits = logits + draft.markov_bias(embed)
+        logits = logits + draft.markov_bias(draft.markov_latents(embed, hidden))  # gated / RNN: from hidden too
     confidence = draft.confidence_logit(hidden, embed) if draft.confidence_head is not None else None
     return logits, confidence
 

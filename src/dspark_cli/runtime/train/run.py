@@ -28,7 +28,8 @@ class TrainingRun:
 
 
 def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
-    """The target's tokenizer and config.json as a dict, without loading its weights."""
+    """The target's tokenizer and its (text) config as a dict, without loading its weights: a multimodal Gemma-4
+    target's text_config, with its model_type kept as target_model_type (DeepSpec get_gemma4_text_config)."""
     from transformers import AutoConfig
 
     check_target_files(path)  # config values and weight headers, one sentence naming the file
@@ -38,7 +39,9 @@ def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
     except (OSError, ValueError, KeyError) as error:
         raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
                           "or hub id with its tokenizer.") from error
-    return tokenizer, config
+    from dspark_cli.runtime.train.new_draft import text_config
+
+    return tokenizer, text_config(config)
 
 
 def load_target_model(path: str | Path, device: torch.device):

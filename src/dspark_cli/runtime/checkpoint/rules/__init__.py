@@ -22,6 +22,7 @@ from dspark_cli.runtime.checkpoint.rules.codes import (
     ERROR,
     INFO,
     READ_ERRORS,
+    VLLM_ONLY,
     WARNING,
     Finding,
     Report,
@@ -33,7 +34,7 @@ from dspark_cli.runtime.checkpoint.rules.context import RuleContext, build_conte
 from dspark_cli.runtime.checkpoint.rules.deep import tensor_values
 from dspark_cli.runtime.checkpoint.rules.resolved import resolve
 
-__all__ = ["CODES", "ERROR", "INFO", "READ_ERRORS", "WARNING", "Finding", "Report", "SkippedCheck",
+__all__ = ["CODES", "ERROR", "INFO", "READ_ERRORS", "VLLM_ONLY", "WARNING", "Finding", "Report", "SkippedCheck",
            "validate_checkpoint"]
 
 Rule = Callable[[RuleContext], Results]
@@ -48,6 +49,7 @@ DRAFT_RULES: tuple[Rule, ...] = (
     config_rules.geometry, config_rules.dspark_keys, config_rules.block_size, config_rules.mask_token,
     config_rules.target_layer_ids, config_rules.sliding_window, config_rules.logit_scale, config_rules.backbone_values,
     config_rules.aux_hidden_state, config_rules.target_agreement, config_rules.confidence_flags,
+    config_rules.family_rules,
     vocab.vocabulary,
     tensors.expected_tensors,
     quant.quant_configs, quant.nvfp4_tensors, quant.nvfp4_claims, quant.marlin_head,

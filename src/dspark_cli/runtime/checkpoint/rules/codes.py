@@ -25,7 +25,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP007": (WARNING, "markov_rank 0: DeepSpec's DFlash ablation, not known to be servable by vLLM"),
     "DSP010": (ERROR, "geometry key missing or not a positive integer"),
     "DSP011": (ERROR, "markov_rank missing, negative or not an integer"),
-    "DSP012": (ERROR, "markov_head_type is not vanilla"),
+    "DSP012": (ERROR, "markov_head_type is not vanilla (vLLM cannot serve it; dspark runs it)"),
     "DSP013": (ERROR, "block_size is not a positive integer"),
     "DSP014": (WARNING, "no block_size"),
     "DSP015": (ERROR, "no mask token"),
@@ -49,6 +49,15 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP033": (ERROR, "dspark_bonus_anchor contradicts the trained query layout"),
     "DSP034": (ERROR, "target_layer_ids include the target's last decoder layer"),
     "DSP035": (ERROR, "config value vLLM's Qwen3 backbone cannot build from"),
+    # Gemma-4 drafts (checkpoint/families/gemma4.py: vLLM's gemma4_dspark.py load rules)
+    "DSP040": (ERROR, "Gemma-4 draft without its own embed_tokens or lm_head"),
+    "DSP041": (ERROR, "Gemma-4 draft with attention_k_eq_v false"),
+    "DSP042": (ERROR, "Gemma-4 draft with a reduced draft vocabulary or d2t"),
+    "DSP043": (WARNING, "Gemma-4 confidence head not loaded by vLLM"),
+    "DSP044": (ERROR, "Gemma-4 draft layer that is not full attention"),
+    "DSP045": (ERROR, "Gemma-4 feature DeepSpec and vLLM drafts do not have"),
+    "DSP046": (WARNING, "vLLM soft-caps the Gemma-4 Markov bias, DeepSpec does not"),
+    "DSP047": (ERROR, "Gemma-4 full-attention geometry not uniform or not stated"),
     # vLLM load errors
     "DSP100": (INFO, "no --target: target vocabulary assumed equal to vocab_size"),
     "DSP101": (ERROR, "expanded input vocab without embed_tokens"),
@@ -97,6 +106,9 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP605": (ERROR, "NVFP4 block scales not finite and non-negative"),
     "DSP606": (ERROR, "NVFP4 weight_scale_2 not finite and positive"),
 }
+
+# Errors about what vLLM cannot serve although dspark runs it (generate, eval, bench report them as warnings).
+VLLM_ONLY = frozenset({"DSP012", "DSP040", "DSP041", "DSP042"})
 
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).
 READ_ERRORS: dict[str, str] = {

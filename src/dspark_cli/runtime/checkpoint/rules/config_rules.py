@@ -6,6 +6,8 @@ Preconditions: `draft_format` runs on every checkpoint; the other rules run only
 from __future__ import annotations
 
 from dspark_cli.runtime.checkpoint.config import FORMAT_NAMES, GEOMETRY_KEYS, MASK_TOKEN_KEYS
+from dspark_cli.runtime.checkpoint.families import FAMILIES
+from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES, VLLM_HEAD_TYPES
 from dspark_cli.runtime.checkpoint.rules.codes import Results
 from dspark_cli.runtime.checkpoint.rules.context import MAX_DRAFT_LAYERS, RuleContext, bad_geometry_keys, too_many_layers
 from dspark_cli.runtime.checkpoint.rules.values import as_dict, lookup, nonneg_int, positive_int
@@ -35,6 +37,14 @@ def draft_format(ctx: RuleContext) -> Results:
                     "names and shapes with care; the config rules still apply.")
         return out
     out.skip("DSP002-DSP314", "the checkpoint is not a DSpark or DFlash draft (DSP001)")
+    return out
+
+
+def family_rules(ctx: RuleContext) -> Results:
+    """The rules of the draft's family (checkpoint/families/; Gemma-4: DSP040-DSP047), in their listed order."""
+    out = Results()
+    for rule in FAMILIES[ctx.config.family].rules:
+        out += rule(ctx)
     return out
 
 
@@ -90,10 +100,15 @@ def dspark_keys(ctx: RuleContext) -> Results:
         what = "is missing" if rank is None else f"is {rank!r}"
         out.add("DSP011", f"config.json key 'markov_rank' {what}; vLLM reads it unconditionally and needs a "
                 "positive integer.", "Set markov_rank to the rank of markov_head.markov_w1/markov_w2 (e.g. 256).")
-    if config.markov_head_type not in (None, "vanilla"):
+    if config.markov_head_type is not None and config.markov_head_type not in VLLM_HEAD_TYPES:
+        known = config.markov_head_type in HEAD_TYPES
         out.add("DSP012", f"markov_head_type is {config.markov_head_type!r}; vLLM implements only 'vanilla' "
-                "(first-order) Markov heads.", "Retrain with markov_head_type 'vanilla'; gated and rnn heads "
-                "cannot be served by vLLM.")
+                "(first-order) Markov heads: its DSparkMarkovHead (vllm/model_executor/models/qwen3_dspark.py, also "
+                "used by gemma4_dspark.py) has only markov_w1 and markov_w2, so it cannot load "
+                + ("this head's projections" if known else "this head") + ".",
+                ("dspark generate, eval and bench run it (DeepSpec's sample_block_tokens semantics); to serve with "
+                 "vLLM, retrain with markov_head_type 'vanilla'." if known else
+                 f"Use one of {', '.join(HEAD_TYPES)} (DeepSpec's head types); vLLM serves only 'vanilla'."))
     if not config.sample_from_anchor:
         out.add("DSP030", "the draft uses the 1+N query layout (sample_from_anchor false / dspark_bonus_anchor "
                 "true): mask slot j predicts the token at its own position.", "Make sure it was trained that "

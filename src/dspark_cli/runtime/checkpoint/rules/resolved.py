@@ -31,7 +31,9 @@ def resolve(ctx: RuleContext) -> dict[str, Any]:
     }
     depth, depth_source = ctx.target_depth
     resolved["target_depth"] = {"value": depth, "source": depth_source}
+    resolved["family"] = config.family
     resolved["markov_rank"] = config.markov_rank
+    resolved["markov_head_type"] = config.markov_head_type
     resolved["head_format"] = _head_format(ctx)
     resolved["confidence_head"] = _confidence_summary(ctx)
     resolved["layout"] = "N queries, slot j predicts p+j+1" if config.sample_from_anchor else (

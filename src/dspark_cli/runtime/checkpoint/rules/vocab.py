@@ -4,6 +4,7 @@ embed_tokens, lm_head and d2t tensors the draft ships. Precondition: a draft (`c
 
 from __future__ import annotations
 
+from dspark_cli.runtime.checkpoint.families import FAMILIES
 from dspark_cli.runtime.checkpoint.rules.codes import Results
 from dspark_cli.runtime.checkpoint.rules.context import RuleContext
 from dspark_cli.runtime.checkpoint.rules.values import positive_int
@@ -12,6 +13,11 @@ from dspark_cli.runtime.checkpoint.rules.values import positive_int
 def vocabulary(ctx: RuleContext) -> Results:
     """Vocabulary sizes against the embed_tokens / lm_head / d2t the draft ships (T: the target vocabulary)."""
     out, config, T = Results(), ctx.config, ctx.target_vocab
+    family = FAMILIES[config.family]
+    if not family.vllm_shares_embeddings:
+        out.skip("DSP020, DSP100-DSP106", f"a {family.title} draft: vLLM shares nothing from the target and has no "
+                 "draft vocabulary (see DSP040, DSP042)")
+        return out
     V, vd = config.vocab_size, config.draft_vocab_size
     if not (positive_int(V) and positive_int(vd)):
         out.skip("DSP020, DSP100-DSP106", "vocab_size or draft_vocab_size is invalid (see DSP010)")

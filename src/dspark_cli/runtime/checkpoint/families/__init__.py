@@ -1,0 +1,47 @@
+"""The registry of draft families: one torch-free module per family says what its config.json and tensors look like.
+
+A family module (qwen3.py, gemma4.py) defines one `Family`: the architectures that select it, how its config keys
+resolve onto DraftConfig's fields (`resolve`), the tensors of one decoder layer (`layer_tensors`), the Linear layers
+vLLM builds from them (`layer_linears`), whether vLLM shares embed_tokens / lm_head from the target, and its own
+validate rules. The forward pass of the same family is `runtime/model/families/<name>.py`, registered under the same
+name (docs/architecture.md "Adding a draft family"). Nothing here imports torch, so `dspark validate` stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# A layer tensor as the schema lists it: (name under layers.{i}., shape, shape formula for messages).
+LayerTensor = tuple[str, tuple[int | None, ...], str]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # "qwen3", "gemma4": the key of FAMILIES and of runtime.model.families.BACKBONES
+    architectures: tuple[str, ...]  # config.json architectures that select this family
+    title: str  # for messages: "Qwen3", "Gemma-4"
+    resolve: Callable[[dict[str, Any]], dict[str, Any]]  # config view -> DraftConfig field values
+    layer_tensors: Callable[[Any], list[LayerTensor]]  # DraftConfig -> tensors of one decoder layer
+    layer_linears: Callable[[Any, str], list[tuple[str, tuple[str, ...]]]]  # (config, "layers.i.") -> (vLLM
+    # module prefix, on-disk weights) of that layer's Linear modules
+    vllm_shares_embeddings: bool  # vLLM shares a missing embed_tokens / lm_head from the target
+    rules: tuple[Callable[[Any], list], ...] = ()  # validate rules of this family: (RuleContext) -> Results
+    optional_layer_tensors: tuple[LayerTensor, ...] = ()  # per-layer tensors that default when absent
+
+
+def _registry() -> dict[str, Family]:
+    from dspark_cli.runtime.checkpoint.families import gemma4, qwen3
+
+    return {family.name: family for family in (qwen3.FAMILY, gemma4.FAMILY)}
+
+
+FAMILIES: dict[str, Family] = _registry()
+
+
+def family_for(architectures: list[Any]) -> Family:
+    """The family an architectures list selects; Qwen3 (DeepSpec's Qwen3 layout) for every other DSpark/DFlash draft."""
+    for family in FAMILIES.values():
+        if any(arch in family.architectures for arch in architectures):
+            return family
+    return FAMILIES["qwen3"]
