@@ -55,7 +55,7 @@ MUTATIONS = [
       KNOWN),
     m("D1", "DFlash layout takes hidden rows from the start of the block", "decode/speculative.py",
       [("[0, n_queries - n_draft :]", "[0, :n_draft]")], KNOWN),
-    m("D2", "RMSNorm eps added after the rsqrt", "model/draft.py",
+    m("D2", "RMSNorm eps added after the rsqrt", "model/layers.py",
       [("xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)",
         "xf * (torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)) + self.eps)")], KNOWN),
     m("D3", "dspark_bonus_anchor true resolves to the N-query layout", "checkpoint/config.py",

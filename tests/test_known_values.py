@@ -17,7 +17,7 @@ from dspark_cli.runtime.decode.evaluation import PromptResult, bootstrap_ratio, 
 from dspark_cli.runtime.decode.metrics import GenerationStats, RoundRecord, expected_calibration_error
 from dspark_cli.runtime.decode.sampling import SamplingParams, accept_batch, processed_logits, sample, target_probs
 from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, max_block_size, prefill
-from dspark_cli.runtime.model.draft import RMSNorm
+from dspark_cli.runtime.model.layers import RMSNorm
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.target import TargetModel
 from dspark_cli.runtime.train.data import TokenStream
