@@ -51,6 +51,86 @@ def layer_linears(config, p: str) -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
+# --- validate rules of the family (docs/validate.md, DSP035) -------------------------------------------------------
+
+# rope_type values vLLM's get_rope builds (vllm/model_executor/layers/rotary_embedding/__init__.py, get_rope; any
+# other raises "Unknown RoPE scaling type"), and the attention kinds _resolve_layer_attention tells apart.
+VLLM_ROPE_TYPES = ("default", "linear", "dynamic", "ntk", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "llama3",
+                   "longrope", "mllama4", "xdrope")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def backbone_values(ctx):
+    """DSP035 per config value vLLM's Qwen3 backbone cannot build from (vllm/model_executor/models/qwen3_dflash.py,
+    DFlashQwen3DecoderLayer.__init__, which Qwen3DSparkModel reuses): hidden_act (its MLP is qwen2.Qwen2MLP, which
+    raises "Unsupported activation ... Only silu is supported for now" for anything else), rms_norm_eps (the eps of
+    every RMSNorm), max_position_embeddings (get_rope's cache length), attention_bias, is_neox_style, rope_theta,
+    rope_parameters (get_rope: a dict whose rope_type it knows, rope_theta, partial_rotary_factor in (0, 1]),
+    layer_types (indexed per layer by _resolve_layer_attention, so it needs one known entry per layer) and the
+    sliding window of sliding layers. The geometry keys are DSP010's, logit_scale DSP032's."""
+    from dspark_cli.runtime.checkpoint.rules.codes import Results
+    from dspark_cli.runtime.checkpoint.rules.values import as_dict, positive_int
+
+    out, view = Results(), ctx.config.vllm_config
+    fix = "Copy the value from the config the draft was trained with (DeepSpec copies the target's)."
+
+    def bad(key: str, value, need: str, fails: str) -> None:
+        out.add("DSP035", f"config.json key {key!r} is {value!r}; vLLM's Qwen3 backbone needs {need} ({fails}).", fix)
+
+    if "hidden_act" in view and view["hidden_act"] != "silu":
+        bad("hidden_act", view["hidden_act"], '"silu"', "Qwen2MLP raises 'Unsupported activation'")
+    eps = view.get("rms_norm_eps", 1e-6)
+    if not (_number(eps) and 0 < eps < float("inf")):
+        bad("rms_norm_eps", eps, "a positive number", "the eps of every RMSNorm")
+    if "max_position_embeddings" in view and not positive_int(view["max_position_embeddings"]):
+        bad("max_position_embeddings", view["max_position_embeddings"], "a positive integer", "get_rope's max_position")
+    for key in ("attention_bias", "is_neox_style"):
+        if key in view and not isinstance(view[key], bool):
+            bad(key, view[key], "true or false", "it selects the layer's biases / RoPE layout")
+    if "rope_theta" in view and not (_number(view["rope_theta"]) and 0 < view["rope_theta"] < float("inf")):
+        bad("rope_theta", view["rope_theta"], "a positive number", "the RoPE base set_default_rope_theta keeps")
+    out += _rope_parameters(view)
+    types, layers = view.get("layer_types"), view.get("num_hidden_layers")
+    window = as_dict(view.get("dflash_config")).get("swa_window_size", view.get("sliding_window"))
+    if isinstance(types, list) and "sliding_attention" in types and window is not None and not positive_int(window):
+        bad("sliding_window", window, "a positive integer", "the attention window of the sliding layers")
+    if types is not None:
+        known = isinstance(types, list) and all(t in LAYER_TYPES for t in types)
+        if not known or (positive_int(layers) and len(types) != layers):
+            bad("layer_types", types, f"a list of {layers} entries, each {' or '.join(LAYER_TYPES)}",
+                "_resolve_layer_attention reads layer_types[i] for every draft layer")
+    return out
+
+
+def _rope_parameters(view: dict):
+    from dspark_cli.runtime.checkpoint.rules.codes import Results
+
+    out = Results()
+    params = view.get("rope_parameters")
+    if params is None:
+        return out
+    fix = "Write rope_parameters as the target's: {\"rope_type\": \"default\", \"rope_theta\": ...}."
+    if not isinstance(params, dict):
+        out.add("DSP035", f"config.json key 'rope_parameters' is {params!r}; vLLM's get_rope needs an object of RoPE "
+                "settings.", fix)
+        return out
+    kind, theta = params.get("rope_type", "default"), params.get("rope_theta", 1e6)
+    factor = params.get("partial_rotary_factor", 1.0)
+    if kind not in VLLM_ROPE_TYPES:
+        out.add("DSP035", f"rope_parameters.rope_type is {kind!r}; vLLM's get_rope raises 'Unknown RoPE scaling "
+                f"type' for anything but {', '.join(VLLM_ROPE_TYPES)}.", fix)
+    if not (_number(theta) and 0 < theta < float("inf")):
+        out.add("DSP035", f"rope_parameters.rope_theta is {theta!r}; RoPE needs a positive base.", fix)
+    if not (_number(factor) and 0 < factor <= 1):
+        out.add("DSP035", f"rope_parameters.partial_rotary_factor is {factor!r}; vLLM's get_rope raises unless it is "
+                "in (0, 1].", fix)
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 FAMILY = Family(
     name="qwen3",
     architectures=("Qwen3DSparkModel", "DSparkDraftModel", "DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"),
@@ -59,4 +139,5 @@ FAMILY = Family(
     layer_tensors=layer_tensors,
     layer_linears=layer_linears,
     vllm_shares_embeddings=True,
+    rules=(backbone_values,),
 )

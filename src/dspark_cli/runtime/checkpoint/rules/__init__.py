@@ -47,7 +47,7 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
 # Run only on a DSpark or DFlash draft (`ctx.is_draft`), in this order (skipped checks are reported in run order).
 DRAFT_RULES: tuple[Rule, ...] = (
     config_rules.geometry, config_rules.dspark_keys, config_rules.block_size, config_rules.mask_token,
-    config_rules.target_layer_ids, config_rules.sliding_window, config_rules.logit_scale, config_rules.backbone_values,
+    config_rules.target_layer_ids, config_rules.sliding_window, config_rules.logit_scale,
     config_rules.aux_hidden_state, config_rules.target_agreement, config_rules.confidence_flags,
     config_rules.family_rules,
     vocab.vocabulary,
