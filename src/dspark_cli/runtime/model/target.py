@@ -5,6 +5,10 @@
     logits, features = target.score(block_ids)         # [k+1, V], [k+1, n*Ht]; appends to the cache
     target.crop(committed_length)                      # roll the cache back after a rejection
 
+A stateful target (Gated DeltaNet, Mamba, short-conv or lightning-attention layers: Qwen3.5, Qwen3-Next, Falcon-H1,
+Jamba, Bamba, Granite-4 hybrids, LFM2, Mamba2, MiniMax) gets the cache its own generate builds and an exact
+rollback of its states (model/target_state.py): `save_state` before a score pass, `crop` after it.
+
 Features are the hidden states the draft reads, by capture index = target layer id + 1 (DeepSpec's
 and vLLM's convention), captured with forward hooks so that only those few tensors are kept: index 0 is
 the embedding output and index i in 1..L the raw output of decoder layer i-1 (the residual stream).
@@ -27,6 +31,7 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.model.target_state import StateRollback, build_cache, stateful_family
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -77,13 +82,16 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.
 
 
 class TargetModel:
-    """One sequence (batch 1) of a causal LM with a DynamicCache and hidden-state capture."""
+    """One sequence (batch 1) of a causal LM with its cache, hidden-state capture and exact rollback."""
 
     def __init__(self, model: nn.Module, capture_indices: Sequence[int] = ()):
         self.model = model.eval()
         self.config = model.config.get_text_config()
         self.capture_indices = list(capture_indices)
         self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.family = stateful_family(model.config, type(model))  # None: attention only
+        self.state = None if self.family is None else StateRollback(model, self.family)
+        self.length = 0  # positions in the cache (a Mamba2 cache has no attention layer to ask)
         self.cache = self._new_cache()
         self._captured: dict[int, torch.Tensor] = {}
         self._capturing = False
@@ -133,7 +141,13 @@ class TargetModel:
 
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self.length
+
+    @property
+    def scores_one_at_a_time(self) -> bool:
+        """True where transformers cannot continue this target's cache with several tokens in one forward (Jamba):
+        score() then runs one forward per token (exact, slower than plain decoding)."""
+        return self.family is not None and not self.family.block_scoring
 
     # --- forwards --------------------------------------------------------------------------------------------------
 
@@ -147,9 +161,34 @@ class TargetModel:
     @torch.inference_mode()
     def score(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score [anchor, d1..dk] after the cached context and append them to the cache.
-        [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht])."""
-        logits = self._forward(block_ids, capture=True)
-        return logits, self._take_features()
+        [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht]). A stateful target remembers what it needs to
+        keep only a prefix of the block (crop)."""
+        if self.state is None:
+            logits = self._forward(block_ids, capture=True)
+            return logits, self._take_features()
+        self.state.begin_score(self.cache, self.length, len(block_ids))
+        try:
+            if self.family.block_scoring:
+                logits = self._forward(block_ids, capture=True)
+                return logits, self._take_features()
+            return self._score_one_at_a_time(block_ids)
+        finally:
+            self.state.end_score()
+
+    def _score_one_at_a_time(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, features = [], []
+        for position in range(len(block_ids)):
+            logits.append(self._forward(block_ids[position : position + 1], capture=True)[-1])  # [V]
+            features.append(self._take_features())  # [1, n*Ht]
+            self.state.after_position(self.cache)
+        return torch.stack(logits), torch.cat(features)  # [k+1, V], [k+1, n*Ht]
+
+    @torch.inference_mode()
+    def save_state(self) -> None:
+        """Snapshot a stateful target's recurrent / conv states before the next score (a no-op for attention-only
+        targets); score() takes it itself when not called first. The speculative loop times it as `snapshot`."""
+        if self.state is not None and self.family.block_scoring:
+            self.state.save(self.cache, self.length)
 
     @torch.inference_mode()
     def decode_one(self, token: int) -> torch.Tensor:
@@ -163,13 +202,28 @@ class TargetModel:
         self.cache = self._new_cache()
         return self._forward(prompt_ids, capture=False, logits_to_keep=1)[-1]
 
+    @torch.inference_mode()
     def crop(self, length: int) -> None:
-        """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x)."""
-        excess = self.cache_length - length
+        """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x).
+
+        A stateful target can only go back into its last scored block: its states are restored to the block's
+        start and re-advanced over the kept positions (target_state.StateRollback.keep)."""
+        excess = self.length - length
         if excess < 0:
-            raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.cache_length} positions")
-        if excess:
-            self.cache.crop(-excess)
+            raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.length} positions")
+        if self.state is None:
+            if excess:
+                self.cache.crop(-excess)
+        else:
+            scored = self.state.scored
+            if scored is None and excess:
+                raise ValueError(f"a {self.family.name} target can only roll back into the block it scored last")
+            if scored is not None:
+                if length < scored.start:
+                    raise ValueError(f"cannot crop the {self.family.name} target to {length}: its last scored block "
+                                     f"starts at {scored.start}")
+                self.state.keep(self.cache, length - scored.start)
+        self.length = length
 
     # --- internals -------------------------------------------------------------------------------------------------
 
@@ -181,6 +235,7 @@ class TargetModel:
                              **{self.cache_kwarg: self.cache})
         finally:
             self._capturing = False
+        self.length += len(ids)
         return out.logits[0]
 
     def _take_features(self) -> torch.Tensor:
@@ -213,6 +268,12 @@ class TargetModel:
         return hook
 
     def _new_cache(self):
+        """A lazily laid out DynamicCache for an attention-only target (every layer a full K/V layer, croppable at
+        any length); for a stateful one, the cache its own generate builds (target_state.build_cache)."""
         from transformers import DynamicCache
 
-        return DynamicCache()
+        self.length = 0
+        if self.state is None:
+            return DynamicCache()
+        self.state.reset()
+        return build_cache(self.model)
