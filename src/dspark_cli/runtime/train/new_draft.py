@@ -102,11 +102,24 @@ def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: lis
         vocab_size=mask.vocab_size,
         use_cache=True,
     )
+    config.update(_attention_geometry(target_config))
     if shape.markov_rank:
         config["markov_head_type"] = "vanilla"
     if mask.vocab_size != target_vocab:
         config["draft_vocab_size"] = target_vocab
     return config
+
+
+def _attention_geometry(target_config: dict) -> dict:
+    """Qwen3 layer geometry for the draft of a target without attention layers (a pure state-space model such as
+    Mamba2, whose config has no attention heads or MLP width): heads of up to 128 dims, a 3 H MLP."""
+    if "num_attention_heads" in target_config and "intermediate_size" in target_config:
+        return {}
+    hidden = target_config["hidden_size"]
+    head_dim = min(128, hidden)
+    heads = max(1, hidden // head_dim)
+    return {"num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": head_dim,
+            "intermediate_size": 3 * hidden, "rms_norm_eps": target_config.get("layer_norm_epsilon", 1e-6)}
 
 
 def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
