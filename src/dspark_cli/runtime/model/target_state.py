@@ -275,22 +275,24 @@ def _state_layer_types(config) -> set[str]:
             if isinstance(layer, LinearAttentionCacheLayerMixin)}
 
 
-def family_from_config_dict(target_config: dict) -> Family | None:
-    """stateful_family of a target's config.json (a dict), before any weight is read; None when transformers cannot
-    build a config from it (loading then reports the problem)."""
+def family_of_target(source: str) -> Family | None:
+    """stateful_family of the target at `source` (folder or hub id) from its config.json alone, before any weight
+    is read; None when transformers cannot read that config (loading the target then reports the problem)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    values = {key: value for key, value in target_config.items() if key != "model_type"}
     try:
-        config = AutoConfig.for_model(str(target_config.get("model_type")), **values)
-    except (KeyError, TypeError, ValueError):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - any unreadable config is the loader's to report, in its own words
         return None
-    try:
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        model_class = None
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return stateful_family(config, model_class)
+
+
+def one_at_a_time_warning(family: Family) -> str:
+    return (f"{family.name} targets score drafted tokens one forward at a time (transformers' {family.name} layers "
+            "cannot continue a cached sequence with several tokens at once): the output is exact, but speculation "
+            "cannot be faster than plain decoding on this target.")
 
 
 # --- one target's rollback --------------------------------------------------------------------------------------
