@@ -228,11 +228,13 @@ class TargetModel:
     # --- internals -------------------------------------------------------------------------------------------------
 
     def _forward(self, ids: torch.Tensor, *, capture: bool, logits_to_keep: int = 0) -> torch.Tensor:
-        """[T] int64 -> logits [T or logits_to_keep, V]; the cache grows by T."""
+        """[T] int64 -> logits [T or logits_to_keep, V]; the cache grows by T. Positions are passed as generate
+        passes them: some models count from 0 at every call when left to themselves (Bamba in transformers 5.24)."""
         self._capturing = capture
         try:
-            out = self.model(input_ids=ids[None], use_cache=True, logits_to_keep=logits_to_keep,
-                             **{self.cache_kwarg: self.cache})
+            positions = torch.arange(self.length, self.length + len(ids), device=ids.device)[None]  # [1, T]
+            out = self.model(input_ids=ids[None], position_ids=positions, use_cache=True,
+                             logits_to_keep=logits_to_keep, **{self.cache_kwarg: self.cache})
         finally:
             self._capturing = False
         self.length += len(ids)
