@@ -264,3 +264,14 @@ def test_an_unsupported_stateful_family_is_refused_in_one_sentence(trained, tmp_
     assert "model type 'mamba'" in text and "no exact rollback" in text and "Traceback" not in text
     with pytest.raises(DsparkError, match="no exact rollback"):
         TargetModel(hf.MambaForCausalLM(hf.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1)))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "jamba"])
+def test_serve_plans_the_vllm_command_and_says_who_keeps_the_state(trained, family):
+    target, draft, _ = trained[family]
+    result = cli("serve", "--target", str(target), "--draft", str(draft), "--json", "-")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["speculative_config"]["method"] == "dspark"
+    (note,) = [n for n in document["notes"] if "recurrent states" in n]
+    assert SUPPORTED[tiny_stateful_model(family).config.get_text_config().model_type].name in note

@@ -99,6 +99,7 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     config = DraftConfig.from_dict(ckpt.config)
     draft = _model_path(request.draft, "draft")
     spec, notes = speculative_config(config, draft, request)
+    notes += stateful_target_notes(request.target)
     return ServePlan(
         target=target,
         draft=draft,
@@ -109,6 +110,34 @@ def plan_serve(request: ServeRequest) -> ServePlan:
         draft_quantization=_quantization(report),
         notes=notes,
     )
+
+
+# Stateful families vLLM's model registry lists (vllm/model_executor/models/registry.py, _TEXT_GENERATION_MODELS;
+# Qwen3.5 in vllm/model_executor/models/qwen3_5.py), by the name dspark gives the family (docs/stateful.md).
+VLLM_STATEFUL_ARCHITECTURES = {
+    "Qwen3.5": "Qwen3_5ForConditionalGeneration", "Qwen3-Next": "Qwen3NextForCausalLM",
+    "Falcon-H1": "FalconH1ForCausalLM", "Jamba": "JambaForCausalLM", "Bamba": "BambaForCausalLM",
+    "Granite-4 hybrid": "GraniteMoeHybridForCausalLM", "LFM2": "Lfm2ForCausalLM", "Mamba2": "Mamba2ForCausalLM",
+    "MiniMax": "MiniMaxForCausalLM",
+}
+
+
+def stateful_target_notes(target: str) -> list[str]:
+    """What serving a stateful target means: vLLM keeps its recurrent states itself (one per drafted position for
+    Gated DeltaNet layers: vllm/v1/attention/backends/gdn_attn.py, GDNAttentionMetadata.spec_state_indices_tensor
+    and num_accepted_tokens), so dspark's own rollback is not involved."""
+    from dspark_cli.runtime.model.target_state import family_of_target
+
+    try:
+        family = family_of_target(target)
+    except DsparkError:
+        return ["the target keeps a recurrent state dspark's own decoder cannot roll back (generate and eval refuse "
+                "it); vLLM handles such state itself where its model registry lists the architecture."]
+    if family is None:
+        return []
+    return [f"{family.name} target: vLLM lists {VLLM_STATEFUL_ARCHITECTURES[family.name]} and keeps its recurrent "
+            "states itself during speculative decoding; check that your vLLM release runs the 'dspark' method "
+            "with hybrid targets (docs/stateful.md)."]
 
 
 def check_request(request: ServeRequest) -> None:
