@@ -276,7 +276,8 @@ class Pair:
         from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
         from dspark_cli.runtime.demo import demo_pair
         from dspark_cli.runtime.checkpoint.paths import require_utf8_path
-        from dspark_cli.runtime.model.target_state import family_of_target, one_at_a_time_warning
+        from dspark_cli.runtime.model.stateful import one_at_a_time_warning
+        from dspark_cli.runtime.model.target_state import family_of_target
 
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")

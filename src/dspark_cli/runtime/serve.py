@@ -93,13 +93,14 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     check_request(request)
     target = _model_path(request.target, "target")
     ckpt = open_checkpoint(request.draft)
-    report = validate_checkpoint(ckpt, read_target_config(request.target))
+    target_config = read_target_config(request.target)
+    report = validate_checkpoint(ckpt, target_config)
     if report.errors:
         raise DraftRefused(report, request.target)
     config = DraftConfig.from_dict(ckpt.config)
     draft = _model_path(request.draft, "draft")
     spec, notes = speculative_config(config, draft, request)
-    notes += stateful_target_notes(request.target)
+    notes += stateful_target_notes(target_config)
     return ServePlan(
         target=target,
         draft=draft,
@@ -122,17 +123,13 @@ VLLM_STATEFUL_ARCHITECTURES = {
 }
 
 
-def stateful_target_notes(target: str) -> list[str]:
+def stateful_target_notes(target_config: dict) -> list[str]:
     """What serving a stateful target means: vLLM keeps its recurrent states itself (one per drafted position for
     Gated DeltaNet layers: vllm/v1/attention/backends/gdn_attn.py, GDNAttentionMetadata.spec_state_indices_tensor
     and num_accepted_tokens), so dspark's own rollback is not involved."""
-    from dspark_cli.runtime.model.target_state import family_of_target
+    from dspark_cli.runtime.model.stateful import family_of_config_dict
 
-    try:
-        family = family_of_target(target)
-    except DsparkError:
-        return ["the target keeps a recurrent state dspark's own decoder cannot roll back (generate and eval refuse "
-                "it); vLLM handles such state itself where its model registry lists the architecture."]
+    family = family_of_config_dict(target_config)
     if family is None:
         return []
     return [f"{family.name} target: vLLM lists {VLLM_STATEFUL_ARCHITECTURES[family.name]} and keeps its recurrent "

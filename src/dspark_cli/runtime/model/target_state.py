@@ -33,30 +33,7 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
-
-
-@dataclass(frozen=True)
-class Family:
-    """A stateful target family dspark rolls back exactly (each is checked by tests/test_stateful_targets.py)."""
-
-    name: str  # for people: "Qwen3.5", "Mamba2", ...
-    mixer: str  # the decoder-layer attribute holding the stateful mixer (its forward takes the cache)
-    block_scoring: bool = True  # False: the target scores drafted tokens one at a time (see the module doc)
-    only_layer_type: str | None = None  # the mixer attribute is stateful only on layers of this layer_types entry
-
-
-# By the text config's model_type.
-FAMILIES: dict[str, Family] = {
-    "qwen3_5_text": Family("Qwen3.5", "linear_attn"),
-    "qwen3_next": Family("Qwen3-Next", "linear_attn"),
-    "falcon_h1": Family("Falcon-H1", "mamba"),
-    "jamba": Family("Jamba", "mamba", block_scoring=False),
-    "bamba": Family("Bamba", "mamba"),
-    "granitemoehybrid": Family("Granite-4 hybrid", "mamba"),
-    "lfm2": Family("LFM2", "conv"),
-    "mamba2": Family("Mamba2", "mixer"),
-    "minimax": Family("MiniMax", "self_attn", only_layer_type="linear_attention"),
-}
+from dspark_cli.runtime.model.stateful import FAMILIES, Family, supported_names
 
 
 def text_model_type(config) -> str:
@@ -231,10 +208,6 @@ class MixerReplay:
 # --- which targets ----------------------------------------------------------------------------------------------
 
 
-def supported_names() -> str:
-    return ", ".join(family.name for family in FAMILIES.values())
-
-
 def stateful_family(config, model_class: type | None = None) -> Family | None:
     """The Family of a stateful target config, None for an attention-only one (no weights are needed).
 
@@ -287,12 +260,6 @@ def family_of_target(source: str) -> Family | None:
         return None
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return stateful_family(config, model_class)
-
-
-def one_at_a_time_warning(family: Family) -> str:
-    return (f"{family.name} targets score drafted tokens one forward at a time (transformers' {family.name} layers "
-            "cannot continue a cached sequence with several tokens at once): the output is exact, but speculation "
-            "cannot be faster than plain decoding on this target.")
 
 
 # --- one target's rollback --------------------------------------------------------------------------------------
