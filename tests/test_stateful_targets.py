@@ -201,6 +201,42 @@ def test_rounds_that_keep_every_position_restore_and_replay_nothing(models, trai
     assert replayed == [r.accepted + 1 for r in continuing if r.accepted < 3]
 
 
+class RecordingTarget(TargetModel):
+    """A TargetModel that keeps (start position, scored ids, logits) of every score pass."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.scored: list[tuple[int, list[int], torch.Tensor]] = []
+
+    def score(self, block_ids):
+        start = self.cache_length
+        logits, features = super().score(block_ids)
+        self.scored.append((start, block_ids.tolist(), logits.clone()))
+        return logits, features
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampling_scores_every_block_with_the_targets_exact_conditionals(models, trained, family):
+    """T > 0: rejection sampling is lossless when the target probabilities it uses are the target's conditionals
+    given the committed prefix (the sampler itself is tested in test_speculative_lossless.py). Every score pass of
+    a sampled run, rejections and rollbacks included, must give the logits of a cache-free forward over the
+    committed tokens and that block."""
+    model = models[family]
+    layer_ids = json.loads((trained[family][1] / "config.json").read_text())["target_layer_ids"]
+    target = RecordingTarget(model, [i + 1 for i in layer_ids])
+    draft = load_draft(trained[family][1], target_embed=target.embed_weight, target_lm_head=target.lm_head_weight)
+    generator = torch.Generator().manual_seed(7)
+    result = speculative.speculative_generate(target, draft, PROMPT, SamplingParams(temperature=1.0), block_size=3,
+                                              max_new_tokens=16, generator=generator)
+    sequence = PROMPT + result.tokens
+    assert len(target.scored) == len(result.stats.rounds) > 2
+    for start, block, logits in target.scored:
+        assert block[0] == sequence[start]  # the anchor is the last committed token
+        with torch.no_grad():
+            exact = model(input_ids=torch.tensor([sequence[:start] + block]), use_cache=False).logits[0, start:]
+        torch.testing.assert_close(logits, exact, rtol=2e-3, atol=2e-3, msg=lambda text: f"{family} at {start}: {text}")
+
+
 def cli(*args: str):
     return runner.invoke(app, list(args))
 
