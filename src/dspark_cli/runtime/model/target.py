@@ -141,7 +141,9 @@ class TargetModel:
 
     @property
     def cache_length(self) -> int:
-        return self.length
+        """Positions in the cache: the attention cache's own count, or for a stateful target (whose cache may
+        have no attention layer at all, Mamba2) the count kept by _forward and crop."""
+        return self.length if self.state is not None else self.cache.get_seq_length()
 
     @property
     def scores_one_at_a_time(self) -> bool:
@@ -208,9 +210,9 @@ class TargetModel:
 
         A stateful target can only go back into its last scored block: its states are restored to the block's
         start and re-advanced over the kept positions (target_state.StateRollback.keep)."""
-        excess = self.length - length
+        excess = self.cache_length - length
         if excess < 0:
-            raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.length} positions")
+            raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.cache_length} positions")
         if self.state is None:
             if excess:
                 self.cache.crop(-excess)

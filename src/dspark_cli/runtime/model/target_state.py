@@ -26,6 +26,7 @@ model's own cache class (MiniMax). State layouts dspark does not know are refuse
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -67,21 +68,28 @@ def _minimax_cache(text_config):
     transformers' MiniMaxCache answers get_seq_length / get_mask_sizes from layer 0, which is a lightning-attention
     layer in MiniMax's layout and holds no K/V: a multi-token forward after a prefix then gets a causal mask as if
     the cache were empty (single-token decoding does not notice). Asking the first attention layer fixes that."""
+    return _minimax_cache_class()(list(text_config.layer_types).index("full_attention"))
+
+
+@functools.cache
+def _minimax_cache_class() -> type:
     from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
-    attention_layer = list(text_config.layer_types).index("full_attention")
-
     class MiniMaxTargetCache(MiniMaxCache):
+        def __init__(self, attention_layer: int):
+            super().__init__()
+            self.attention_layer = attention_layer
+
         def get_seq_length(self, layer_idx: int = 0) -> int:
-            return super().get_seq_length(layer_idx or attention_layer)
+            return super().get_seq_length(layer_idx or self.attention_layer)
 
         def get_mask_sizes(self, query_length: int, layer_idx: int = 0):
-            return super().get_mask_sizes(query_length, layer_idx or attention_layer)
+            return super().get_mask_sizes(query_length, layer_idx or self.attention_layer)
 
         def get_query_offset(self, layer_idx: int = 0):
-            return super().get_query_offset(layer_idx or attention_layer)
+            return super().get_query_offset(layer_idx or self.attention_layer)
 
-    return MiniMaxTargetCache()
+    return MiniMaxTargetCache
 
 
 # --- the states -------------------------------------------------------------------------------------------------
