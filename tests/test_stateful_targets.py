@@ -129,7 +129,7 @@ def test_jamba_scores_one_token_at_a_time_because_its_block_continuation_is_inex
         full = model(input_ids=torch.tensor([PROMPT + BLOCK]), use_cache=False).logits[0, len(PROMPT):]
         prefix = model(input_ids=torch.tensor([PROMPT]), use_cache=True)
         block = model(input_ids=torch.tensor([BLOCK]), use_cache=True, past_key_values=prefix.past_key_values)
-    assert (block.logits[0] - full).abs().max() > 1e-3
+    assert (block.logits[0] - full).abs().max() > 1e-4  # float32 noise is ~1e-7 here
     target = TargetModel(model, (1,))
     assert target.scores_one_at_a_time
     target.prefill(torch.tensor(PROMPT))

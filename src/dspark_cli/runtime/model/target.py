@@ -17,7 +17,7 @@ output instead; DeepSpec's target cache and vLLM's aux capture both use the raw 
 does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
 transformers 5.x portability (docs/development.md §4): the cache kwarg is `cache` from 5.24 and
-`past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
+`past_key_values` before (`cache_params` for Mamba2 before 5.24); `DynamicCache.crop` takes a negative delta everywhere (a positive length
 is rejected by 5.24), so `crop` always passes one.
 """
 
@@ -81,6 +81,14 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.
     return model.to(device)
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The forward argument that takes the cache: `cache` from transformers 5.24, `past_key_values` before, and
+    `cache_params` for Mamba2 in 5.17/5.18 (where an unknown keyword would be swallowed and the cache left empty)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values", "cache_params") if name in parameters),
+                "past_key_values")
+
+
 class TargetModel:
     """One sequence (batch 1) of a causal LM with its cache, hidden-state capture and exact rollback."""
 
@@ -88,7 +96,7 @@ class TargetModel:
         self.model = model.eval()
         self.config = model.config.get_text_config()
         self.capture_indices = list(capture_indices)
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kwarg = cache_keyword(model)
         self.family = stateful_family(model.config, type(model))  # None: attention only
         self.state = None if self.family is None else StateRollback(model, self.family)
         self.length = 0  # positions in the cache (a Mamba2 cache has no attention layer to ask)
