@@ -311,3 +311,15 @@ def test_serve_plans_the_vllm_command_and_says_who_keeps_the_state(trained, fami
     assert document["speculative_config"]["method"] == "dspark"
     (note,) = [n for n in document["notes"] if "recurrent states" in n]
     assert SUPPORTED[tiny_stateful_model(family).config.get_text_config().model_type].name in note
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "jamba", "mamba2"])
+def test_the_python_api_generates_like_the_baseline_and_says_when_speculation_cannot_pay(trained, family):
+    from dspark_cli.runtime.pair import Pair
+
+    target, draft, _ = trained[family]
+    pair = Pair.load(str(target), str(draft), device="cpu", dtype="float32")
+    pair.warm_up("def add(a", max_new_tokens=8, baseline=True)
+    result = pair.generate("def add(a", max_new_tokens=12)
+    assert result.tokens == pair.baseline("def add(a", max_new_tokens=12).tokens
+    assert any("one forward at a time" in warning for warning in pair.warnings) == (family == "jamba")
