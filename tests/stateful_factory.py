@@ -31,6 +31,9 @@ def _configs():
 
     return {
         "qwen3_5": lambda: hf.Qwen3_5TextConfig(**COMMON, num_hidden_layers=4, **GDN),
+        "qwen3_5_moe": lambda: hf.Qwen3_5MoeTextConfig(**{k: v for k, v in COMMON.items() if k != "intermediate_size"},
+                                                      num_hidden_layers=4, **GDN, num_experts=4, num_experts_per_tok=2,
+                                                      moe_intermediate_size=32, shared_expert_intermediate_size=32),
         "qwen3_next": lambda: hf.Qwen3NextConfig(**COMMON, num_hidden_layers=4, **GDN, num_experts=4,
                                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                                  shared_expert_intermediate_size=32, decoder_sparse_step=1),
@@ -47,6 +50,9 @@ def _configs():
                                                               shared_intermediate_size=64),
         "lfm2": lambda: hf.Lfm2Config(**COMMON, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                                       conv_L_cache=3, block_ff_dim=128, block_auto_adjust_ff_dim=False),
+        "lfm2_moe": lambda: hf.Lfm2MoeConfig(**COMMON, num_hidden_layers=3, moe_intermediate_size=32,
+                                             layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
+                                             num_dense_layers=1, num_experts=4, num_experts_per_tok=2),
         "mamba2": lambda: hf.Mamba2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8,
                                           head_dim=16, n_groups=1, state_size=16, conv_kernel=4, expand=2,
                                           chunk_size=16, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
@@ -57,7 +63,8 @@ def _configs():
     }
 
 
-FAMILIES = ("qwen3_5", "qwen3_next", "falcon_h1", "jamba", "bamba", "granitemoehybrid", "lfm2", "mamba2", "minimax")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "falcon_h1", "jamba", "bamba", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba2",
+            "minimax")
 MIXER_OUTPUTS = ("linear_attn.out_proj", "mamba.out_proj", "conv.out_proj", "mixer.out_proj")
 
 

@@ -116,7 +116,8 @@ def plan_serve(request: ServeRequest) -> ServePlan:
 # Stateful families vLLM's model registry lists (vllm/model_executor/models/registry.py, _TEXT_GENERATION_MODELS;
 # Qwen3.5 in vllm/model_executor/models/qwen3_5.py), by the name dspark gives the family (docs/stateful.md).
 VLLM_STATEFUL_ARCHITECTURES = {
-    "Qwen3.5": "Qwen3_5ForConditionalGeneration", "Qwen3-Next": "Qwen3NextForCausalLM",
+    "Qwen3.5": "Qwen3_5ForConditionalGeneration", "Qwen3.5-MoE": "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3-Next": "Qwen3NextForCausalLM", "LFM2-MoE": "Lfm2MoeForCausalLM",
     "Falcon-H1": "FalconH1ForCausalLM", "Jamba": "JambaForCausalLM", "Bamba": "BambaForCausalLM",
     "Granite-4 hybrid": "GraniteMoeHybridForCausalLM", "LFM2": "Lfm2ForCausalLM", "Mamba2": "Mamba2ForCausalLM",
     "MiniMax": "MiniMaxForCausalLM",

@@ -21,12 +21,14 @@ class Family:
 # By the text config's model_type.
 FAMILIES: dict[str, Family] = {
     "qwen3_5_text": Family("Qwen3.5", "linear_attn"),
+    "qwen3_5_moe_text": Family("Qwen3.5-MoE", "linear_attn"),
     "qwen3_next": Family("Qwen3-Next", "linear_attn"),
     "falcon_h1": Family("Falcon-H1", "mamba"),
     "jamba": Family("Jamba", "mamba", block_scoring=False),
     "bamba": Family("Bamba", "mamba"),
     "granitemoehybrid": Family("Granite-4 hybrid", "mamba"),
     "lfm2": Family("LFM2", "conv"),
+    "lfm2_moe": Family("LFM2-MoE", "conv"),
     "mamba2": Family("Mamba2", "mixer"),
     "minimax": Family("MiniMax", "self_attn", only_layer_type="linear_attention"),
 }
@@ -42,8 +44,8 @@ def family_of_config_dict(config: dict) -> Family | None:
     """The Family of a target's config.json (a dict; a multimodal config by its text_config), None otherwise."""
     text = config.get("text_config")
     model_type = (text if isinstance(text, dict) else config).get("model_type")
-    if model_type == "qwen3_5":  # a text-only Qwen3.5 config.json: AutoModelForCausalLM loads the same text model
-        model_type = "qwen3_5_text"
+    if model_type in ("qwen3_5", "qwen3_5_moe"):  # AutoModelForCausalLM loads their text model
+        model_type += "_text"
     return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 

@@ -68,7 +68,8 @@ def _minimax_cache(text_config):
     transformers' MiniMaxCache answers get_seq_length / get_mask_sizes from layer 0, which is a lightning-attention
     layer in MiniMax's layout and holds no K/V: a multi-token forward after a prefix then gets a causal mask as if
     the cache were empty (single-token decoding does not notice). Asking the first attention layer fixes that."""
-    return _minimax_cache_class()(list(text_config.layer_types).index("full_attention"))
+    layer_types = list(text_config.layer_types)
+    return _minimax_cache_class()(layer_types.index("full_attention") if "full_attention" in layer_types else 0)
 
 
 @functools.cache
