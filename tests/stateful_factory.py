@@ -1,7 +1,8 @@
 """Tiny random targets of every stateful family dspark supports, built from transformers' own classes (no downloads).
 
-Each has hidden size 64, two to four decoder layers mixing the family's stateful layer kind with attention, and the
-demo tokenizer's vocabulary (1024), so `dspark train / validate / generate / eval` run on them as a user would.
+Each has hidden size 64 and two to four decoder layers mixing the family's stateful layer kind with attention
+(Mamba2: none), and the demo tokenizer's vocabulary (1024), so `dspark train / validate / generate / eval` run on
+them as a user would.
 The stateful mixers' output projections are scaled up (`STATE_GAIN`) so that a state left wrong by a rollback
 changes the logits far beyond float32 noise: a random init would otherwise let their contribution hide.
 """
@@ -19,6 +20,7 @@ VOCAB = 1024  # the demo tokenizer's
 STATE_GAIN = 8.0
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+WITHOUT_MLP = {key: value for key, value in COMMON.items() if key != "intermediate_size"}  # MoE-only layers
 HYBRID_MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
                     mamba_expand=2, mamba_chunk_size=16)
 GDN = dict(head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
@@ -31,9 +33,9 @@ def _configs():
 
     return {
         "qwen3_5": lambda: hf.Qwen3_5TextConfig(**COMMON, num_hidden_layers=4, **GDN),
-        "qwen3_5_moe": lambda: hf.Qwen3_5MoeTextConfig(**{k: v for k, v in COMMON.items() if k != "intermediate_size"},
-                                                      num_hidden_layers=4, **GDN, num_experts=4, num_experts_per_tok=2,
-                                                      moe_intermediate_size=32, shared_expert_intermediate_size=32),
+        "qwen3_5_moe": lambda: hf.Qwen3_5MoeTextConfig(**WITHOUT_MLP, num_hidden_layers=4, **GDN, num_experts=4,
+                                                      num_experts_per_tok=2, moe_intermediate_size=32,
+                                                      shared_expert_intermediate_size=32),
         "qwen3_next": lambda: hf.Qwen3NextConfig(**COMMON, num_hidden_layers=4, **GDN, num_experts=4,
                                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                                  shared_expert_intermediate_size=32, decoder_sparse_step=1),
@@ -63,8 +65,8 @@ def _configs():
     }
 
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "falcon_h1", "jamba", "bamba", "granitemoehybrid", "lfm2", "lfm2_moe", "mamba2",
-            "minimax")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "falcon_h1", "jamba", "bamba", "granitemoehybrid", "lfm2",
+            "lfm2_moe", "mamba2", "minimax")
 MIXER_OUTPUTS = ("linear_attn.out_proj", "mamba.out_proj", "conv.out_proj", "mixer.out_proj")
 
 

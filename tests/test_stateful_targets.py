@@ -190,10 +190,18 @@ def test_rounds_that_keep_every_position_restore_and_replay_nothing(models, trai
     plain = speculative.autoregressive_generate(target, PROMPT, GREEDY, max_new_tokens=20)
     planned_proposals(monkeypatch, PROMPT + plain.tokens, 3)
     restored, replayed = [], []
-    replay_run = target.state.replay.run
-    original_restore = target_state.StateSnapshot.restore
-    monkeypatch.setattr(target_state.StateSnapshot, "restore", lambda self: restored.append(1) or original_restore(self))
-    monkeypatch.setattr(target.state.replay, "run", lambda keep, scored: replayed.append(keep) or replay_run(keep, scored))
+    replay_run, original_restore = target.state.replay.run, target_state.StateSnapshot.restore
+
+    def restore(snapshot):
+        restored.append(1)
+        original_restore(snapshot)
+
+    def run(keep, scored):
+        replayed.append(keep)
+        replay_run(keep, scored)
+
+    monkeypatch.setattr(target_state.StateSnapshot, "restore", restore)
+    monkeypatch.setattr(target.state.replay, "run", run)
     result = speculative.speculative_generate(target, draft, PROMPT, GREEDY, block_size=3, max_new_tokens=20)
     assert result.tokens == plain.tokens
     continuing = result.stats.rounds[:-1]

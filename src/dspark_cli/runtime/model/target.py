@@ -17,8 +17,8 @@ output instead; DeepSpec's target cache and vLLM's aux capture both use the raw 
 does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
 transformers 5.x portability (docs/development.md §4): the cache kwarg is `cache` from 5.24 and
-`past_key_values` before (`cache_params` for Mamba2 before 5.24); `DynamicCache.crop` takes a negative delta everywhere (a positive length
-is rejected by 5.24), so `crop` always passes one.
+`past_key_values` before (`cache_params` for Mamba2 before 5.24); `DynamicCache.crop` takes a negative delta
+everywhere (a positive length is rejected by 5.24), so `crop` always passes one.
 """
 
 from __future__ import annotations
