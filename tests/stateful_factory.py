@@ -90,3 +90,21 @@ def tiny_stateful_target(path: Path, family: str, seed: int = 0) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(demo_target) / name, path / name)
     return path
+
+
+def tiny_multimodal_qwen3_5(path: Path, seed: int = 0) -> Path:
+    """The layout of every released Qwen3.5 checkpoint: Qwen3_5ForConditionalGeneration (model_type qwen3_5, the text
+    model under text_config, a vision tower beside it), here with the tiny qwen3_5 text model and a 1-block tower,
+    saved with the demo tokenizer. AutoModelForCausalLM loads its text model."""
+    import transformers as hf
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+
+    vision = Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                                 patch_size=4)
+    config = hf.Qwen3_5Config(text_config=_configs()["qwen3_5"]().to_dict(), vision_config=vision.to_dict())
+    torch.manual_seed(seed)
+    hf.Qwen3_5ForConditionalGeneration(config).save_pretrained(path)
+    demo_target, _ = demo_pair()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(demo_target) / name, path / name)
+    return path

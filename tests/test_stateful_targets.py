@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stateful_factory import FAMILIES, tiny_stateful_model, tiny_stateful_target
+from stateful_factory import FAMILIES, tiny_multimodal_qwen3_5, tiny_stateful_model, tiny_stateful_target
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
@@ -331,3 +331,20 @@ def test_the_python_api_generates_like_the_baseline_and_says_when_speculation_ca
     result = pair.generate("def add(a", max_new_tokens=12)
     assert result.tokens == pair.baseline("def add(a", max_new_tokens=12).tokens
     assert any("one forward at a time" in warning for warning in pair.warnings) == (family == "jamba")
+
+
+def test_a_multimodal_qwen3_5_checkpoint_trains_validates_and_generates_as_its_text_model(trained, tmp_path):
+    """Released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration with the text model under text_config."""
+    target = tiny_multimodal_qwen3_5(tmp_path / "qwen3_5_vl")
+    assert json.loads((target / "config.json").read_text())["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    draft = tmp_path / "draft"
+    trained_draft = cli("train", "--target", str(target), "--data", str(trained["qwen3_5"][2]), "-o", str(draft),
+                        *TRAIN)
+    assert trained_draft.exit_code == 0, trained_draft.output
+    assert cli("validate", str(draft), "--target", str(target)).exit_code == 0
+    report = tmp_path / "run.json"
+    ran = cli("generate", "def add(a", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "12",
+              "--baseline", "--device", "cpu", "--dtype", "float32", "--json", str(report))
+    assert ran.exit_code == 0, ran.output
+    (run,) = json.loads(report.read_text())["prompts"]
+    assert run["tokens"] == run["baseline_tokens"]

@@ -27,12 +27,14 @@ class TrainingRun:
 
 
 def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
-    """The target's tokenizer and config.json as a dict, without loading its weights."""
+    """The target's tokenizer and its text model's config as a dict (the whole config.json for a text-only model;
+    `text_config` for a multimodal one such as every released Qwen3.5, which AutoModelForCausalLM loads as its
+    text model), without loading its weights."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).get_text_config().to_dict()
     except (OSError, ValueError, KeyError) as error:
         raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
                           "or hub id with its tokenizer.") from error
