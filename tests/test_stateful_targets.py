@@ -259,7 +259,7 @@ def test_train_validate_generate_and_eval_through_the_cli(trained, family, tmp_p
     ran = cli("generate", "def add(a", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "16",
               "--baseline", "--device", "cpu", "--dtype", "float32", "--json", str(report))
     assert ran.exit_code == 0, ran.output
-    assert "rollback (snapshot + restore)" in ran.output
+    assert "rollback (crop, state restore)" in ran.output
     document = json.loads(report.read_text())
     (run,) = document["prompts"]
     assert run["tokens"] == run["baseline_tokens"] and run["first_divergence"] is None
