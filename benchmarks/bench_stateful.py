@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from dspark_cli.runtime.decode.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.demo import demo_pair  # noqa: E402
-from dspark_cli.runtime.model.target_state import StateSnapshot, crop_attention, state_slots  # noqa: E402
+from dspark_cli.runtime.model.target_state import StateSnapshot, crop_attention  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 
 
@@ -158,8 +158,7 @@ def rollback_schemes(pair: Pair, prompt: str, reps: int) -> None:
             whole.append(time.perf_counter() - started)
         print(f"  {keep:>4} {min(mixer) * 1000:>25.2f} {min(whole) * 1000:>20.2f}")
     target.prefill_plain(ids)
-    nbytes = sum(holder[key].numel() * holder[key].element_size() for holder, key in state_slots(target.cache))
-    print(f"  state copied by each snapshot: {nbytes / 1024:.0f} KiB")
+    print(f"  state copied by each snapshot: {StateSnapshot.take(target.cache).nbytes / 1024:.0f} KiB")
 
 
 def main() -> None:

@@ -166,7 +166,6 @@ class MixerReplay:
     Forward pre-hooks keep references to each mixer's arguments (no copies); `run(keep, scored)` calls every
     recorded mixer again, in layer order, with each [1, T, ...] argument cut to its first `keep` positions."""
 
-    mixers: list[nn.Module]
     calls: list[tuple[nn.Module, tuple, dict]] = field(default_factory=list)
     recording: bool = False
 
@@ -184,7 +183,7 @@ class MixerReplay:
         if not mixers:
             raise DsparkError(f"the {family.name} target has no `{family.mixer}` mixer in its decoder layers; its "
                               "transformers version lays the model out differently from what dspark rolls back.")
-        replay = cls(mixers)
+        replay = cls()
         for mixer in mixers:
             mixer.register_forward_pre_hook(replay._record, with_kwargs=True)
         return replay
