@@ -122,9 +122,12 @@ def decoding(pair: Pair, prompts: list[str], tokens: int) -> None:
     full = [t.get("rollback", 0.0) for t, r in zip(sections, rounds) if r.accepted == r.proposed and "rollback" in t]
     part = [t.get("rollback", 0.0) for t, r in zip(sections, rounds) if r.accepted < r.proposed and "rollback" in t]
     snap = [t.get("snapshot", 0.0) for t in sections]
-    print(f"  snapshot (every round) median {statistics.median(snap) * 1000:.0f} us; restore + replay median: "
-          f"{statistics.median(part) if part else float('nan'):.2f} ms in {len(part)} rounds with a rejection, "
-          f"{statistics.median(full) * 1000 if full else float('nan'):.0f} us in {len(full)} fully accepted rounds")
+    def median(values: list[float], scale: float, unit: str) -> str:
+        return f"{statistics.median(values) * scale:.2f} {unit}" if values else "-"
+
+    print(f"  snapshot (every round) median {median(snap, 1000, 'us')}; restore + replay median: "
+          f"{median(part, 1, 'ms')} in {len(part)} rounds with a rejection, {median(full, 1000, 'us')} in "
+          f"{len(full)} fully accepted rounds")
 
 
 @torch.inference_mode()

@@ -348,3 +348,15 @@ def test_a_multimodal_qwen3_5_checkpoint_trains_validates_and_generates_as_its_t
     assert ran.exit_code == 0, ran.output
     (run,) = json.loads(report.read_text())["prompts"]
     assert run["tokens"] == run["baseline_tokens"]
+
+
+def test_sliding_window_layers_beside_states_are_refused(monkeypatch):
+    """transformers cannot crop a full sliding-window layer without recording its past: a stateful target with one is
+    refused when it is wrapped, not halfway through a generation."""
+    model = tiny_stateful_model("qwen3_5")
+    config = model.config.get_text_config()
+    monkeypatch.setattr(config, "layer_types", ["linear_attention", "linear_attention", "sliding_attention",
+                                                "linear_attention"])
+    monkeypatch.setattr(config, "sliding_window", 4, raising=False)
+    with pytest.raises(DsparkError, match="sliding-window attention layers beside its recurrent states"):
+        TargetModel(model, (1,))

@@ -50,7 +50,12 @@ def build_cache(model: nn.Module):
     from transformers import DynamicCache
 
     if _supports_default_cache(model):
-        return DynamicCache(config=model.config.get_text_config())
+        cache = DynamicCache(config=model.config.get_text_config())
+        if any(hasattr(layer, "sliding_window") for layer in cache.layers):
+            raise DsparkError(f"the target {type(model).__name__} has sliding-window attention layers beside its "
+                              "recurrent states; transformers cannot crop those once the window is full, so dspark "
+                              "cannot roll this target back exactly.")
+        return cache
     if text_model_type(model.config) == "minimax":
         return _minimax_cache(model.config.get_text_config())
     raise DsparkError(f"the target {type(model).__name__} keeps a cache of its own that dspark cannot roll back; "
