@@ -147,7 +147,7 @@ def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
     print(f"block sizes, {thread_counts[0]} thread(s):")
     baseline_stats = [baseline(p, args.max_new_tokens).stats for p in prompts]
     header = (f"{'block':>5} {'tau':>6} {'tok/s':>8} {'base tok/s':>10} {'speedup':>8} {'backbone':>9} "
-              f"{'markov':>8} {'verify':>8} {'other':>8}  (ms per round)")
+              f"{'markov':>8} {'verify':>8} {'rollback':>8} {'other':>8}  (ms per round)")
     print(header)
     for block_size in block_sizes:
         stats = [speculative(p, block_size, args.max_new_tokens).stats for p in prompts]
@@ -155,7 +155,7 @@ def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
         b = s.round_breakdown
         print(f"{block_size:>5} {s.tau:>6.2f} {s.tokens_per_s:>8.1f} {s.baseline.tokens_per_s:>10.1f} "
               f"{s.baseline.speedup:>7.2f}x {b.draft_backbone_ms:>9.2f} {b.markov_ms:>8.2f} {b.verify_ms:>8.2f} "
-              f"{b.other_ms:>8.2f}")
+              f"{b.rollback_ms:>8.2f} {b.other_ms:>8.2f}")
 
 
 # --- round costs and peers ----------------------------------------------------------------------------------------

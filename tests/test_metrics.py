@@ -224,18 +224,21 @@ def test_baseline_without_time_gives_no_speedup():
 
 def test_round_breakdown():
     rounds = [RoundRecord(2, 1, 2), RoundRecord(2, 2, 3)]
-    sections = [  # ms per loop step; verify = score + accept, other = commit + advance
-        {"draft": 2.0, "markov": 1.0, "score": 5.0, "accept": 1.0, "commit": 1.0},
-        {"draft": 4.0, "markov": 3.0, "score": 9.0, "accept": 1.0, "commit": 1.0, "advance": 2.0},
+    sections = [  # ms per loop step; verify = score + accept, rollback = snapshot + rollback, other = commit + advance
+        {"draft": 2.0, "markov": 1.0, "snapshot": 0.5, "score": 5.0, "accept": 1.0, "commit": 1.0},
+        {"draft": 4.0, "markov": 3.0, "snapshot": 0.5, "score": 9.0, "accept": 1.0, "commit": 1.0, "rollback": 3.0,
+         "advance": 2.0},
     ]
     breakdown = summarize([GenerationStats(5, 6, 0.1, 0.2, rounds, sections)], None, 2).round_breakdown
     assert breakdown.draft_backbone_ms == approx(3.0)
     assert breakdown.markov_ms == approx(2.0)
     assert breakdown.verify_ms == approx(8.0)
+    assert breakdown.rollback_ms == approx(2.0)
     assert breakdown.other_ms == approx(2.0)
-    assert breakdown.total_ms == approx(15.0)
-    assert breakdown.draft_backbone_share == approx(3 / 15)
-    assert breakdown.verify_share == approx(8 / 15)
+    assert breakdown.total_ms == approx(17.0)
+    assert breakdown.draft_backbone_share == approx(3 / 17)
+    assert breakdown.verify_share == approx(8 / 17)
+    assert breakdown.rollback_share == approx(2 / 17)
 
 
 # --- edge cases --------------------------------------------------------------------------------

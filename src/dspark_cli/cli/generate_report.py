@@ -184,6 +184,7 @@ def _metrics_table(summary: "Summary") -> Table:
             ("draft backbone", breakdown.draft_backbone_ms, breakdown.draft_backbone_share),
             ("Markov stage", breakdown.markov_ms, breakdown.markov_share),
             ("verify (score + accept)", breakdown.verify_ms, breakdown.verify_share),
+            ("rollback (crop, state restore)", breakdown.rollback_ms, breakdown.rollback_share),
             ("other (commit + advance)", breakdown.other_ms, breakdown.other_share),
         ):
             rows.append((f"  {name}", _ms(ms), f"per round, {_percent(share).strip()}"))

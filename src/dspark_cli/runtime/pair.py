@@ -274,6 +274,8 @@ class Pair:
         from dspark_cli.runtime.demo import demo_pair
         from dspark_cli.runtime.checkpoint.paths import require_utf8_path
         from dspark_cli.runtime.model.target_files import check_target_files
+        from dspark_cli.runtime.model.stateful import one_at_a_time_warning
+        from dspark_cli.runtime.model.target_state import family_of_target
 
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
@@ -290,7 +292,10 @@ class Pair:
         ckpt = open_checkpoint(draft)  # headers only
         target_config = read_target_config(target)
         check_target_files(target)  # config values and weight headers: one sentence before any weight is read
+        family = family_of_target(target)  # DsparkError: a state dspark cannot roll back
         check = check_pair(ckpt, target_config, block_size, draft_topk)
+        if family is not None and not family.block_scoring:
+            check.warnings.append(one_at_a_time_warning(family))
         return CheckedPair(target, draft, ckpt, target_config, torch_device, torch_dtype, markov, confidence_threshold,
                            check)
 

@@ -102,6 +102,7 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     config = DraftConfig.from_dict(ckpt.config)
     draft = _model_path(request.draft, "draft")
     spec, notes = speculative_config(config, draft, request)
+    notes += stateful_target_notes(target_config)
     return ServePlan(
         target=target,
         draft=draft,
@@ -112,6 +113,31 @@ def plan_serve(request: ServeRequest) -> ServePlan:
         draft_quantization=_quantization(report),
         notes=notes,
     )
+
+
+# Stateful families vLLM's model registry lists (vllm/model_executor/models/registry.py, _TEXT_GENERATION_MODELS;
+# Qwen3.5 in vllm/model_executor/models/qwen3_5.py), by the name dspark gives the family (docs/stateful.md).
+VLLM_STATEFUL_ARCHITECTURES = {
+    "Qwen3.5": "Qwen3_5ForConditionalGeneration", "Qwen3.5-MoE": "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3-Next": "Qwen3NextForCausalLM", "LFM2-MoE": "Lfm2MoeForCausalLM",
+    "Falcon-H1": "FalconH1ForCausalLM", "Jamba": "JambaForCausalLM", "Bamba": "BambaForCausalLM",
+    "Granite-4 hybrid": "GraniteMoeHybridForCausalLM", "LFM2": "Lfm2ForCausalLM", "Mamba2": "Mamba2ForCausalLM",
+    "MiniMax": "MiniMaxForCausalLM",
+}
+
+
+def stateful_target_notes(target_config: dict) -> list[str]:
+    """What serving a stateful target means: vLLM keeps its recurrent states itself (one per drafted position for
+    Gated DeltaNet layers: vllm/v1/attention/backends/gdn_attn.py, GDNAttentionMetadata.spec_state_indices_tensor
+    and num_accepted_tokens), so dspark's own rollback is not involved."""
+    from dspark_cli.runtime.model.stateful import family_of_config_dict
+
+    family = family_of_config_dict(target_config)
+    if family is None:
+        return []
+    return [f"{family.name} target: vLLM lists {VLLM_STATEFUL_ARCHITECTURES[family.name]} and keeps its recurrent "
+            "states itself during speculative decoding; check that your vLLM release runs the 'dspark' method "
+            "with hybrid targets (docs/stateful.md)."]
 
 
 def check_request(request: ServeRequest) -> None:

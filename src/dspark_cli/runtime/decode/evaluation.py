@@ -131,7 +131,7 @@ def encode_sets(pair, sets: list[PromptSet], chat: bool, thinking: bool | None,
 @dataclass
 class PromptResult:
     """What one prompt produced: enough to recompute every figure (the rounds are RoundRecord fields plus the
-    round's four stages in seconds, metrics.stage_seconds)."""
+    round's five stages in seconds, metrics.stage_seconds)."""
 
     set_name: str
     index: int  # within its set; the prompt drew with seed + index

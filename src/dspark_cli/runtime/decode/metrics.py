@@ -66,8 +66,9 @@ class GenerationStats:
     logits, in no round) included. ttft_s: until that first token; total_s: until the last one.
     sections: per round, wall-clock ms per step of the loop (runtime/timing.SectionTimer): draft (the
     draft's parallel pass), markov (Markov walk, confidence head, q), score (the target forward over the
-    block), accept (the accept/reject decision), commit (output, streaming), advance (target cache crop and
-    draft context append; absent in the last round).
+    block), accept (the accept/reject decision), commit (output, streaming), snapshot (a stateful target's
+    states copied before the score pass), rollback (target cache crop; a stateful target's states restored and
+    re-advanced) and advance (draft context append); rollback and advance are absent in the last round.
     """
 
     prompt_tokens: int
@@ -107,16 +108,19 @@ class ConfidenceCalibration:
 @dataclass
 class RoundBreakdown:
     """Mean milliseconds per round of each stage, and each stage's share of their sum: draft_backbone = the
-    draft section, markov = markov, verify = score + accept, other = commit (see GenerationStats.sections)."""
+    draft section, markov = markov, verify = score + accept, rollback = snapshot + rollback, other = commit +
+    advance (see GenerationStats.sections)."""
 
     draft_backbone_ms: float
     markov_ms: float
     verify_ms: float
+    rollback_ms: float
     other_ms: float
     total_ms: float
     draft_backbone_share: float | None
     markov_share: float | None
     verify_share: float | None
+    rollback_share: float | None
     other_share: float | None
 
 
@@ -248,13 +252,13 @@ def _confidence_calibration(rounds: list[RoundRecord], block_size: int) -> Confi
     )
 
 
-# The report's four round stages, each the sum of these loop sections (GenerationStats.sections).
+# The report's five round stages, each the sum of these loop sections (GenerationStats.sections).
 STAGE_SECTIONS = {"draft_backbone": ("draft",), "markov": ("markov",), "verify": ("score", "accept"),
-                  "other": ("commit", "advance")}
+                  "rollback": ("rollback", "snapshot"), "other": ("commit", "advance")}
 
 
 def stage_seconds(sections: dict[str, float]) -> dict[str, float]:
-    """One round's sections (ms) -> its four stages in seconds (the keys of an eval run file's rounds)."""
+    """One round's sections (ms) -> its five stages in seconds (the keys of an eval run file's rounds)."""
     return {stage: sum(sections.get(name, 0.0) for name in names) / 1000.0 for stage, names in STAGE_SECTIONS.items()}
 
 
@@ -264,7 +268,7 @@ def stage_sections(stages: dict[str, float]) -> dict[str, float]:
 
 
 def round_dicts(stats: GenerationStats) -> list[dict]:
-    """The rounds of one prompt as JSON objects: RoundRecord's fields plus its four stages in seconds."""
+    """The rounds of one prompt as JSON objects: RoundRecord's fields plus its five stages in seconds."""
     return [asdict(r) | stage_seconds(t) for r, t in zip(stats.rounds, stats.sections, strict=True)]
 
 

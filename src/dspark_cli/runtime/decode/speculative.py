@@ -1,4 +1,5 @@
-"""The speculative decoding loop (batch 1): prefill, then rounds of draft -> score -> accept -> commit -> advance.
+"""The speculative decoding loop (batch 1): prefill, then rounds of draft -> score -> accept -> commit -> rollback ->
+advance.
 
     result = speculative_generate(target, draft, prompt_ids, SamplingParams(), block_size=7, max_new_tokens=128)
     result.tokens, result.stats      # new token ids; metrics.GenerationStats with one RoundRecord per round
@@ -15,8 +16,11 @@ target cache length == draft context length == p, the committed positions before
   accept   accept_block keeps a prefix: exact match with the target's argmax at T = 0, rejection sampling with
            q at T > 0 (sampling.accept); one more token follows (the correction or the bonus);
   commit   the accepted prefix and that token join the output (up to an accepted stop token);
-  advance  crop the target cache to p + accepted + 1 and append the draft context K/V of the anchor and the
-           accepted tokens (their features come from the score pass): both hold p + accepted + 1 again.
+  rollback crop the target cache to p + accepted + 1; a stateful target (model/target_state.py) restores the
+           recurrent / conv states it copied before the score pass (`snapshot`) and re-advances them over the kept
+           positions; a round that keeps every scored position restores nothing;
+  advance  append the draft context K/V of the anchor and the accepted tokens (their features come from the
+           score pass): target and draft both hold p + accepted + 1 again.
 Counts: n_draft (= block_size) positions are drafted, n_scored <= n_draft of them scored. Query-block K/V are never
 kept. Timing: a SectionTimer records ms per step per round (GenerationStats.sections). Stop tokens follow
 DeepSpec's evaluator; so does the length limit with length_rule="deepspec" (docs/eval.md).
@@ -252,10 +256,14 @@ def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidence
     return record
 
 
-def advance(target, draft, context: DraftContext, features: torch.Tensor, accepted: int) -> None:
-    """Drop the rejected positions from the target cache and give the draft context the anchor and the
-    accepted tokens (their features came with the score pass): both then hold length + accepted + 1."""
+def rollback(target, context: DraftContext, accepted: int) -> None:
+    """Drop the rejected positions from the target: its cache then holds context.length + accepted + 1 positions
+    (attention K/V cropped; a stateful target's states restored and re-advanced, model/target_state.py)."""
     target.crop(context.length + accepted + 1)
+
+
+def advance(draft, context: DraftContext, features: torch.Tensor, accepted: int) -> None:
+    """Give the draft context the anchor and the accepted tokens (their features came with the score pass)."""
     context.append(draft, features[: accepted + 1])
 
 
@@ -317,6 +325,8 @@ def speculative_generate(
         n_scored = block_size
         if confidence_threshold is not None:
             n_scored = scored_length(confidences, confidence_threshold, confidence_rule)
+        with timer.section("snapshot"):
+            target.save_state()  # a stateful target's states before the score pass; nothing for attention only
         with timer.section("score"):
             logits, features = score_block(target, loop.anchor, proposal, n_scored)  # [n+1, V], [n+1, n*Ht]
         with timer.section("accept"):
@@ -326,8 +336,10 @@ def speculative_generate(
             if on_tokens is not None and new:
                 on_tokens(new)
         if not loop.stopped and loop.committed_total < limit:
+            with timer.section("rollback"):
+                rollback(target, context, accepted)
             with timer.section("advance"):
-                advance(target, draft, context, features, accepted)
+                advance(draft, context, features, accepted)
             loop.anchor = next_token
 
     rounds = [_record(*counts) for counts in loop.rounds]

@@ -5,6 +5,10 @@
     logits, features = target.score(block_ids)         # [k+1, V], [k+1, n*Ht]; appends to the cache
     target.crop(committed_length)                      # roll the cache back after a rejection
 
+A stateful target (Gated DeltaNet, Mamba, short-conv or lightning-attention layers: Qwen3.5, Qwen3-Next, Falcon-H1,
+Jamba, Bamba, Granite-4 hybrids, LFM2, Mamba2, MiniMax) gets the cache its own generate builds and an exact
+rollback of its states (model/target_state.py): `save_state` before a score pass, `crop` after it.
+
 Features are the hidden states the draft reads, by capture index = target layer id + 1 (DeepSpec's
 and vLLM's convention), captured with forward hooks so that only those few tensors are kept: index 0 is
 the embedding output and index i in 1..L the raw output of decoder layer i-1 (the residual stream).
@@ -13,8 +17,8 @@ output instead; DeepSpec's target cache and vLLM's aux capture both use the raw 
 does too (DeepSpec refuses drafts that read layer L-1; `dspark validate` reports them as DSP034).
 
 transformers 5.x portability (docs/development.md §4): the cache kwarg is `cache` from 5.24 and
-`past_key_values` before; `DynamicCache.crop` takes a negative delta everywhere (a positive length
-is rejected by 5.24), so `crop` always passes one.
+`past_key_values` before (`cache_params` for Mamba2 before 5.24); `DynamicCache.crop` takes a negative delta
+everywhere (a positive length is rejected by 5.24), so `crop` always passes one.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import nn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.model.target_files import first_line, refuse_pickle_only
+from dspark_cli.runtime.model.target_state import StateRollback, build_cache, stateful_family
 
 
 def _refuse_missing_weights(path: str | Path, missing: set[str] | list[str]) -> None:
@@ -77,14 +82,25 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.
     return model.to(device)
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The forward argument that takes the cache: `cache` from transformers 5.24, `past_key_values` before, and
+    `cache_params` for Mamba2 in 5.17/5.18 (where an unknown keyword would be swallowed and the cache left empty)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values", "cache_params") if name in parameters),
+                "past_key_values")
+
+
 class TargetModel:
-    """One sequence (batch 1) of a causal LM with a DynamicCache and hidden-state capture."""
+    """One sequence (batch 1) of a causal LM with its cache, hidden-state capture and exact rollback."""
 
     def __init__(self, model: nn.Module, capture_indices: Sequence[int] = ()):
         self.model = model.eval()
         self.config = model.config.get_text_config()
         self.capture_indices = list(capture_indices)
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_kwarg = cache_keyword(model)
+        self.family = stateful_family(model.config, type(model))  # None: attention only
+        self.state = None if self.family is None else StateRollback(model, self.family)
+        self.length = 0  # positions in the cache (a Mamba2 cache has no attention layer to ask)
         self.cache = self._new_cache()
         self._captured: dict[int, torch.Tensor] = {}
         self._capturing = False
@@ -134,7 +150,15 @@ class TargetModel:
 
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        """Positions in the cache: the attention cache's own count, or for a stateful target (whose cache may
+        have no attention layer at all, Mamba2) the count kept by _forward and crop."""
+        return self.length if self.state is not None else self.cache.get_seq_length()
+
+    @property
+    def scores_one_at_a_time(self) -> bool:
+        """True where transformers cannot continue this target's cache with several tokens in one forward (Jamba):
+        score() then runs one forward per token (exact, slower than plain decoding)."""
+        return self.family is not None and not self.family.block_scoring
 
     # --- forwards --------------------------------------------------------------------------------------------------
 
@@ -148,9 +172,34 @@ class TargetModel:
     @torch.inference_mode()
     def score(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score [anchor, d1..dk] after the cached context and append them to the cache.
-        [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht])."""
-        logits = self._forward(block_ids, capture=True)
-        return logits, self._take_features()
+        [k+1] int64 -> (logits [k+1, V], features [k+1, n*Ht]). A stateful target remembers what it needs to
+        keep only a prefix of the block (crop)."""
+        if self.state is None:
+            logits = self._forward(block_ids, capture=True)
+            return logits, self._take_features()
+        self.state.begin_score(self.cache, self.length, len(block_ids))
+        try:
+            if self.family.block_scoring:
+                logits = self._forward(block_ids, capture=True)
+                return logits, self._take_features()
+            return self._score_one_at_a_time(block_ids)
+        finally:
+            self.state.end_score()
+
+    def _score_one_at_a_time(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, features = [], []
+        for position in range(len(block_ids)):
+            logits.append(self._forward(block_ids[position : position + 1], capture=True)[-1])  # [V]
+            features.append(self._take_features())  # [1, n*Ht]
+            self.state.after_position(self.cache)
+        return torch.stack(logits), torch.cat(features)  # [k+1, V], [k+1, n*Ht]
+
+    @torch.inference_mode()
+    def save_state(self) -> None:
+        """Snapshot a stateful target's recurrent / conv states before the next score (a no-op for attention-only
+        targets); score() takes it itself when not called first. The speculative loop times it as `snapshot`."""
+        if self.state is not None and self.family.block_scoring:
+            self.state.save(self.cache, self.length)
 
     @torch.inference_mode()
     def decode_one(self, token: int) -> torch.Tensor:
@@ -164,24 +213,42 @@ class TargetModel:
         self.cache = self._new_cache()
         return self._forward(prompt_ids, capture=False, logits_to_keep=1)[-1]
 
+    @torch.inference_mode()
     def crop(self, length: int) -> None:
-        """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x)."""
+        """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x).
+
+        A stateful target can only go back into its last scored block: its states are restored to the block's
+        start and re-advanced over the kept positions (target_state.StateRollback.keep)."""
         excess = self.cache_length - length
         if excess < 0:
             raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.cache_length} positions")
-        if excess:
-            self.cache.crop(-excess)
+        if self.state is None:
+            if excess:
+                self.cache.crop(-excess)
+        else:
+            scored = self.state.scored
+            if scored is None and excess:
+                raise ValueError(f"a {self.family.name} target can only roll back into the block it scored last")
+            if scored is not None:
+                if length < scored.start:
+                    raise ValueError(f"cannot crop the {self.family.name} target to {length}: its last scored block "
+                                     f"starts at {scored.start}")
+                self.state.keep(self.cache, length - scored.start)
+        self.length = length
 
     # --- internals -------------------------------------------------------------------------------------------------
 
     def _forward(self, ids: torch.Tensor, *, capture: bool, logits_to_keep: int = 0) -> torch.Tensor:
-        """[T] int64 -> logits [T or logits_to_keep, V]; the cache grows by T."""
+        """[T] int64 -> logits [T or logits_to_keep, V]; the cache grows by T. Positions are passed as generate
+        passes them: some models count from 0 at every call when left to themselves (Bamba in transformers 5.24)."""
         self._capturing = capture
         try:
-            out = self.model(input_ids=ids[None], use_cache=True, logits_to_keep=logits_to_keep,
-                             **{self.cache_kwarg: self.cache})
+            positions = torch.arange(self.length, self.length + len(ids), device=ids.device)[None]  # [1, T]
+            out = self.model(input_ids=ids[None], position_ids=positions, use_cache=True,
+                             logits_to_keep=logits_to_keep, **{self.cache_kwarg: self.cache})
         finally:
             self._capturing = False
+        self.length += len(ids)
         return out.logits[0]
 
     def _take_features(self) -> torch.Tensor:
@@ -214,6 +281,12 @@ class TargetModel:
         return hook
 
     def _new_cache(self):
+        """A lazily laid out DynamicCache for an attention-only target (every layer a full K/V layer, croppable at
+        any length); for a stateful one, the cache its own generate builds (target_state.build_cache)."""
         from transformers import DynamicCache
 
-        return DynamicCache()
+        self.length = 0
+        if self.state is None:
+            return DynamicCache()
+        self.state.reset()
+        return build_cache(self.model)

@@ -60,7 +60,11 @@ class MemoryEstimate:
 
 
 def decoder_layer_parameters(config: dict) -> int:
-    """Weights of one Qwen3 decoder layer (attention with q/k norms, gated MLP, two norms)."""
+    """Weights of one Qwen3 decoder layer (attention with q/k norms, gated MLP, two norms). A config without
+    attention heads or an MLP width (a pure state-space target such as Mamba2) counts a transformer layer's
+    12 H^2 per layer, the same order as a Mamba2 block with expand 2."""
+    if "num_attention_heads" not in config or "intermediate_size" not in config:
+        return 12 * config["hidden_size"] ** 2
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads

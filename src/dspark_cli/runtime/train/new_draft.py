@@ -99,12 +99,14 @@ def draft_family(target_config: dict, requested: str | None) -> str:
 
 
 def text_config(target_config: dict) -> dict:
-    """A multimodal Gemma-4 target's text_config (DeepSpec get_gemma4_text_config) with the outer model_type as
-    target_model_type, else the config itself."""
+    """A multimodal target's text_config (the model AutoModelForCausalLM loads), else the config itself; a Gemma-4
+    one keeps the outer model_type as target_model_type (DeepSpec get_gemma4_text_config)."""
     inner = target_config.get("text_config")
-    if target_config.get("model_type") in ("gemma4", "gemma4_unified") and isinstance(inner, dict):
+    if not isinstance(inner, dict):
+        return target_config
+    if target_config.get("model_type") in ("gemma4", "gemma4_unified"):
         return {**inner, "target_model_type": target_config["model_type"]}
-    return target_config
+    return inner
 
 
 def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: list[int], mask: MaskChoice,
@@ -133,6 +135,7 @@ def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: lis
         vocab_size=mask.vocab_size,
         use_cache=True,
     )
+    config.update(_attention_geometry(target_config))
     if shape.markov_rank:
         config["markov_head_type"] = shape.markov_head_type
     if mask.vocab_size != target_vocab:
@@ -178,6 +181,18 @@ def gemma4_draft_config(text: dict, target_config: dict, shape: DraftShape, targ
     if shape.markov_rank:
         config["markov_head_type"] = shape.markov_head_type
     return config
+
+
+def _attention_geometry(target_config: dict) -> dict:
+    """Qwen3 layer geometry for the draft of a target without attention layers (a pure state-space model such as
+    Mamba2, whose config has no attention heads or MLP width): heads of up to 128 dims, a 3 H MLP."""
+    if "num_attention_heads" in target_config and "intermediate_size" in target_config:
+        return {}
+    hidden = target_config["hidden_size"]
+    head_dim = min(128, hidden)
+    heads = max(1, hidden // head_dim)
+    return {"num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": head_dim,
+            "intermediate_size": 3 * hidden, "rms_norm_eps": target_config.get("layer_norm_epsilon", 1e-6)}
 
 
 def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:

@@ -28,8 +28,9 @@ class TrainingRun:
 
 
 def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
-    """The target's tokenizer and its (text) config as a dict, without loading its weights: a multimodal Gemma-4
-    target's text_config, with its model_type kept as target_model_type (DeepSpec get_gemma4_text_config)."""
+    """The target's tokenizer and its text model's config as a dict (the whole config.json for a text-only model;
+    `text_config` for a multimodal one such as every released Qwen3.5 or a Gemma-4 with vision, which
+    AutoModelForCausalLM loads as its text model), without loading its weights."""
     from transformers import AutoConfig
 
     check_target_files(path)  # config values and weight headers, one sentence naming the file
