@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,6 +111,24 @@ def test_default_target_layers_follow_deepspec():
     assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layers(36, 1) == [18]
     assert default_target_layers(4, 3) == [0, 1, 2]
+
+
+def test_a_draft_for_a_gelu_target_is_a_silu_qwen3_draft():
+    """The draft layer is Qwen3's (SiLU MLP) whatever the target's activation: copying a Gemma-style target's
+    hidden_act would describe another network and make vLLM refuse the draft (DSP035)."""
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
+    from dspark_cli.runtime.checkpoint.families.qwen3 import backbone_values
+    from dspark_cli.runtime.train.new_draft import MaskChoice, draft_config_dict
+
+    target = {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 300,
+              "hidden_act": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "max_position_embeddings": 512}
+    config = draft_config_dict(target, DraftShape(layers=1, block_size=4, markov_rank=8), [0, 2],
+                               MaskChoice(5, 300, ""), anchors=4)
+    assert config["hidden_act"] == "silu"
+
+    context = SimpleNamespace(config=DraftConfig.from_dict(config))  # the one field the rule reads
+    assert list(backbone_values(context)) == []
 
 
 def test_mask_token_is_added_when_the_vocabulary_is_full(tiny_pair):

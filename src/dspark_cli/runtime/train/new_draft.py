@@ -121,6 +121,7 @@ def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: lis
     config.update(
         architectures=["Qwen3DSparkModel"],
         model_type="qwen3",
+        hidden_act="silu",  # the draft's MLP is Qwen3's (SiLU) whatever the target's is; vLLM builds only that
         num_hidden_layers=shape.layers,
         num_target_layers=target_config["num_hidden_layers"],
         layer_types=["full_attention"] * shape.layers,
