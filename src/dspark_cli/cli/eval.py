@@ -60,6 +60,9 @@ def eval_command(
                                            "with its 95% interval, and whether it is significant."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
                                           "kept, only missing ones run (saved back to it unless --json)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
+                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
+                                               "rule and the calibration scores; the output is unchanged."),
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.decode import evaluation as ev
@@ -72,6 +75,7 @@ def eval_command(
     if resume is not None:
         run = ev.EvalRun.load(resume)
         _check_resume(run.settings, given, resume)
+        _check_resume_calibration(run.settings["calibration"], calibration, resume)
         settings = dict(run.settings)
         paths = data or [Path(s.path) for s in run.sets]
         sets = run.sets if data is None else [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in paths]
@@ -94,7 +98,8 @@ def eval_command(
         settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
                     "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
                     "confidence_rule": confidence_rule, "max_new_tokens": max_new_tokens, "seed": seed, "chat": chat,
-                    "thinking": thinking, "baseline": baseline, "limit": limit}
+                    "thinking": thinking, "baseline": baseline, "limit": limit,
+                    "calibration": _calibration_setting(calibration)}
         run = ev.EvalRun(settings, sets)
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
@@ -162,13 +167,32 @@ def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> N
     from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
-              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))
+              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare])
+              + local_inputs("--calibration file", [(settings["calibration"] or {}).get("path")]))
     check_output_file(json_path, inputs, "--json file")
     check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
 
 
 def _duplicate(names: list[str]) -> str:
     return next(name for name in names if names.count(name) > 1)
+
+
+def _calibration_setting(path: Path | None) -> dict | None:
+    """The run file's record of --calibration: the file and its temperatures (a resumed run uses these)."""
+    if path is None:
+        return None
+    from dspark_cli.runtime.decode.calibration import load_temperatures
+
+    return {"path": str(path), "temperatures": load_temperatures(path)}
+
+
+def _check_resume_calibration(stored: dict | None, given: Path | None, path: Path) -> None:
+    from dspark_cli.errors import DsparkError
+
+    if given is not None and (stored is None or stored["path"] != str(given)):
+        was = "without --calibration" if stored is None else f"with --calibration {stored['path']}"
+        raise DsparkError(f"{path} was run {was}, not with --calibration {given}; drop --calibration to resume with "
+                          "the stored temperatures, or start a new run.")
 
 
 def _check_resume(stored: dict, given: dict, path: Path) -> None:
@@ -202,6 +226,11 @@ def _load(settings: dict, sets: list, out: Console):
              markov=pair.strategy(params), chat=use_chat)
     options = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
+    if s["calibration"] is not None:
+        from dspark_cli.runtime.decode.calibration import check_temperatures
+
+        rules["confidence_temperatures"] = check_temperatures(s["calibration"]["temperatures"], pair.block_size,
+                                                              s["calibration"]["path"])
     warm = [True]
 
     def session(set_name: str, index: int, text: str):
@@ -248,6 +277,8 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
     cut = ""
     if s["confidence_threshold"] is not None:
         cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
+    if s["calibration"] is not None:
+        cut += f", STS {s['calibration']['path']}"
     out.print(Text("\ndspark eval", style="bold") + Text(
         f"  block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
         f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
