@@ -174,3 +174,23 @@ def test_calibration_changes_confidences_never_tokens(demo_runs, tmp_path):
     assert [r["proposed"] for r in a["results"][0]["rounds"]] != [r["proposed"] for r in b["results"][0]["rounds"]]
     conflict = runner.invoke(app, ["eval", "--resume", str(calibrated), "--calibration", str(tmp_path / "c.json")])
     assert conflict.exit_code == 2 and "drop --calibration" in conflict.output
+
+
+def test_generate_takes_the_calibration_and_keeps_its_tokens(tmp_path):
+    table = tmp_path / "sts.json"
+    table.write_text(json.dumps({"sts_temperatures": [0.5] * 7}))
+    docs = []
+    for extra in ([], ["--calibration", str(table)]):
+        out = tmp_path / f"g{len(extra)}.json"
+        result = runner.invoke(app, ["generate", "def f(x):", "--max-new-tokens", "16", "--confidence-threshold",
+                                     "0.6", "--json", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(out.read_text()))
+    plain, calibrated = docs
+    assert plain["prompts"][0]["tokens"] == calibrated["prompts"][0]["tokens"]
+    first = calibrated["rounds"][0][0]
+    assert first["confidences"] == pytest.approx([_sigmoid(x / 0.5) for x in first["confidence_logits"]], rel=1e-5)
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"temperatures": [1.0, 1.0]}))
+    refused = runner.invoke(app, ["generate", "x", "--calibration", str(short)])
+    assert refused.exit_code == 2 and "has 2 temperatures but the block has 7 positions" in refused.output
