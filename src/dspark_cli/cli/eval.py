@@ -63,14 +63,62 @@ def eval_command(
     calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
                                                "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
                                                "rule and the calibration scores; the output is unchanged."),
+    dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
+                                       "the others (a prompt on each rank) before the run fails."),
 ) -> None:
+    from dspark_cli.errors import EXIT_TERMINATED, DsparkError, Terminated
+    from dspark_cli.runtime import distributed
+
+    if not dist_timeout > 0:
+        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
+    dist = distributed.context_from_env()
+    if not dist.is_main:
+        render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
+    distributed.start(dist, options.torch_device(device), dist_timeout)
+    arguments = {k: v for k, v in locals().items() if k in ctx.params and k != "dist_timeout"}
+    try:
+        _evaluate(ctx, dist, **arguments)
+    except distributed.PeerFailed as error:
+        if dist.is_main:
+            raise
+        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
+    except (KeyboardInterrupt, Terminated) as stop:
+        if not dist.is_main:
+            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
+        raise
+    except distributed.torch_distributed_error() as error:
+        raise distributed.lost_contact(dist, error) from error
+    finally:
+        distributed.stop(dist)
+
+
+def _evaluate(ctx, dist, *, target, draft, data, limit, chat, thinking, temperature, block_size, markov,
+              confidence_threshold, confidence_rule, baseline, seed, max_new_tokens, device, dtype, json_path,
+              markdown_path, compare, resume, calibration) -> None:
+    """eval_command on one rank: inputs and the pair (checked on every rank together), the prompts (rank i runs
+    prompt i mod N; rank 0 merges and saves), then rank 0's report."""
+    out = render.console
+    given = {name: value for name, value in ctx.params.items()
+             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
+    prepared = dist.together(lambda: _prepare(given, target, draft, data, limit, chat, thinking, temperature,
+                                              block_size, markov, confidence_threshold, confidence_rule, baseline,
+                                              seed, max_new_tokens, device, dtype, json_path, markdown_path, compare,
+                                              resume, calibration, out), "reading the inputs and loading the pair")
+    run, sets, settings, session, json_path, old = prepared
+    _run_everywhere(dist, run, sets, settings, session, json_path, out)
+    if not dist.is_main:
+        return
+    _report(run, sets, settings, old, compare, json_path, markdown_path, out)
+
+
+def _prepare(given, target, draft, data, limit, chat, thinking, temperature, block_size, markov,
+             confidence_threshold, confidence_rule, baseline, seed, max_new_tokens, device, dtype, json_path,
+             markdown_path, compare, resume, calibration, out):
+    """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.decode import evaluation as ev
     from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
-    out = render.console
-    given = {name: value for name, value in ctx.params.items()
-             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
     old = ev.EvalRun.load(compare) if compare is not None else None
     if resume is not None:
         run = ev.EvalRun.load(resume)
@@ -105,24 +153,71 @@ def eval_command(
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, compare, json_path, markdown_path)
-
     session = _load(settings, sets, out)
     run.settings = settings
-    block = settings["block_size"]
+    return run, sets, settings, session, json_path, old
+
+
+def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console) -> None:
+    """Run the missing prompts (one process, or this rank's share), rank 0 saving after each; Ctrl-C keeps what
+    finished and says how to resume."""
+    from dspark_cli.errors import Terminated
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    path = json_path if dist.is_main else None
 
     def save(_result=None) -> None:
-        if json_path is not None:
-            run.save(json_path)
+        if path is not None:
+            run.save(path)
 
     try:
-        _run_sets(run, sets, session, save, out)
-    except KeyboardInterrupt:
-        if json_path is None:
-            raise
-        render.err_console.print(f"[yellow]interrupted[/]: the {len(run.results)} finished prompts are saved in "
-                                 f"{json_path}; continue with `dspark eval --resume {json_path}`")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        if dist.enabled:
+            pending = ev.pending_prompts(run, sets)
+            dist.same_everywhere([len(pending), _crc(pending)], "prompts to run (prompt sets, --limit, seed)")
+            _run_shared(dist, run, sets, pending, session, save, out)
+        else:
+            _run_sets(run, sets, session, save, out)
+    except (KeyboardInterrupt, Terminated) as stop:
+        if path is not None:  # render.handle_errors says what was kept
+            stop.kept = (f"the {len(run.results)} finished prompts are saved in {path}; continue with `dspark eval "
+                         f"--resume {path}` (with any number of processes)")
+        raise
 
+
+def _crc(items: list) -> int:
+    """A checksum of JSON-ready items (the same on every rank when they run the same prompts)."""
+    import json
+    import zlib
+
+    return zlib.crc32(json.dumps(items).encode())
+
+
+def _run_shared(dist, run, sets, pending, session, save, out: Console) -> None:
+    """Under torchrun: prompt i of the pending list runs on rank i mod N; after each step every rank's result
+    reaches rank 0, which appends and saves them (a failure on any rank stops all, naming it)."""
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    mine = ev.shard(pending, dist.rank, dist.world_size)
+    steps = -(-len(pending) // dist.world_size)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as progress:
+        tasks = {s.name: progress.add_task(s.name, total=len(s.prompts), completed=len(run.results_of(s)))
+                 for s in sets}
+        for step in range(steps):
+            item = mine[step] if step < len(mine) else None
+            what = f"prompt {item[1] + 1} of {item[0]}" if item else "an idle step"
+            results = dist.exchange(lambda: None if item is None else vars(session(*item)), what)
+            for result in results:
+                if result is not None:
+                    run.results.append(ev.PromptResult(**result))
+                    save()
+                    progress.advance(tasks[result["set_name"]])
+
+
+def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Console) -> None:
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    block = settings["block_size"]
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
     everything = [r for s in sets for r in run.results_of(s)]
     rows.append(("all", ev.set_statistics(everything, block, settings["max_new_tokens"])))

@@ -250,6 +250,18 @@ def run_set(run: EvalRun, prompt_set: PromptSet, generate_one: GenerateOne,
     return ran
 
 
+def pending_prompts(run: EvalRun, sets: list[PromptSet]) -> list[tuple[str, int, str]]:
+    """(set name, index, prompt) of every prompt of `sets` that `run` has not finished, set by set in order."""
+    done = run.finished()
+    return [(s.name, i, p) for s in sets for i, p in enumerate(s.prompts) if run.key(s.name, i, p) not in done]
+
+
+def shard(items: list, rank: int, world_size: int) -> list:
+    """This rank's share of `items`: item i goes to rank i mod world_size (DeepSpec's evaluator), so the shares
+    are disjoint, cover every item, and differ in length by at most one."""
+    return items[rank::world_size]
+
+
 # --- statistics -------------------------------------------------------------------------------------------------
 
 
