@@ -141,6 +141,8 @@ def test_bench_verify_then_plan_then_serve_from_plan(real_runs, tmp_path):
     best = max((r for r in plan["rows"] if r["rule"] in ("fixed", "survival") and not r["calibrated"]),
                key=lambda r: r["tokens_per_s"])
     assert plan["recommended"]["label"] == best["label"]
+    assert plan["best_fixed"]["rule"] == "fixed" and plan["best_threshold"]["rule"] == "survival"
+    assert best["tokens_per_s"] == max(plan["best_fixed"]["tokens_per_s"], plan["best_threshold"]["tokens_per_s"])
     target, draft = map(str, demo_pair())
     served = runner.invoke(app, ["serve", "-t", target, "-d", draft, "--from-plan", str(plan_file), "--json", "-"])
     assert served.exit_code == 0, served.output

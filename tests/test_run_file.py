@@ -65,7 +65,7 @@ CASES = {
     "sets not a list": (lambda d: d.update(sets="x"), "'sets' must be a list, not a string"),
     "other format": (lambda d: d.update(format="dspark-eval/9"), "'format' is 'dspark-eval/9', not one of"),
     "block size a float": (lambda d: d["settings"].update(block_size=7.0),
-                           "settings.block_size must be an integer or null, not a number"),
+                           "settings.block_size must be an integer, not a number"),
     "round past block size": (lambda d: d["settings"].update(block_size=2),
                               "results[0].rounds[0].drafted must be between 1 and 2"),
 }

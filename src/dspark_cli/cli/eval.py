@@ -75,7 +75,7 @@ def eval_command(
     if not dist.is_main:
         render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
     distributed.start(dist, options.torch_device(device), dist_timeout)
-    arguments = {k: v for k, v in locals().items() if k in ctx.params and k != "dist_timeout"}
+    arguments = {name: value for name, value in ctx.params.items() if name != "dist_timeout"}
     try:
         _evaluate(ctx, dist, **arguments)
     except distributed.PeerFailed as error:
@@ -103,7 +103,7 @@ def _evaluate(ctx, dist, *, target, draft, data, limit, chat, thinking, temperat
     prepared = dist.together(lambda: _prepare(given, target, draft, data, limit, chat, thinking, temperature,
                                               block_size, markov, confidence_threshold, confidence_rule, baseline,
                                               seed, max_new_tokens, device, dtype, json_path, markdown_path, compare,
-                                              resume, calibration, out), "reading the inputs and loading the pair")
+                                              resume, calibration, out, dist), "reading the inputs and loading the pair")
     run, sets, settings, session, json_path, old = prepared
     _run_everywhere(dist, run, sets, settings, session, json_path, out)
     if not dist.is_main:
@@ -113,7 +113,7 @@ def _evaluate(ctx, dist, *, target, draft, data, limit, chat, thinking, temperat
 
 def _prepare(given, target, draft, data, limit, chat, thinking, temperature, block_size, markov,
              confidence_threshold, confidence_rule, baseline, seed, max_new_tokens, device, dtype, json_path,
-             markdown_path, compare, resume, calibration, out):
+             markdown_path, compare, resume, calibration, out, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.decode import evaluation as ev
@@ -153,7 +153,7 @@ def _prepare(given, target, draft, data, limit, chat, thinking, temperature, blo
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, compare, json_path, markdown_path)
-    session = _load(settings, sets, out)
+    session = _load(settings, sets, out, dist)
     run.settings = settings
     return run, sets, settings, session, json_path, old
 
@@ -300,7 +300,7 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
                               "resume with the stored settings, or start a new run.")
 
 
-def _load(settings: dict, sets: list, out: Console):
+def _load(settings: dict, sets: list, out: Console, dist):
     """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
     session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
     and chat into `settings`."""
@@ -308,7 +308,8 @@ def _load(settings: dict, sets: list, out: Console):
     from dspark_cli.runtime.pair import Pair, SamplingParams
 
     s = settings
-    checked = Pair.check(s["target"], s["draft"], device=s["device"], dtype=s["dtype"], block_size=s["block_size"],
+    device = str(dist.device(options.torch_device(s["device"])))  # under torchrun on CUDA: this rank's GPU
+    checked = Pair.check(s["target"], s["draft"], device=device, dtype=s["dtype"], block_size=s["block_size"],
                          markov=s["markov"], confidence_threshold=s["confidence_threshold"])
     _warn(out, checked.warnings)
     use_chat = checked.chat(s["chat"])
@@ -319,7 +320,7 @@ def _load(settings: dict, sets: list, out: Console):
     params = SamplingParams(temperature=s["temperature"])
     s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
              markov=pair.strategy(params), chat=use_chat)
-    options = {"max_new_tokens": s["max_new_tokens"], "params": params}
+    lengths = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
     if s["calibration"] is not None:
         from dspark_cli.runtime.decode.calibration import check_temperatures
@@ -331,10 +332,10 @@ def _load(settings: dict, sets: list, out: Console):
     def session(set_name: str, index: int, text: str):
         ids = encoded[set_name, index]
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **options, **rules)
+            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths, **rules)
             warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **options, **rules)
-        reference = pair.baseline(ids, seed=s["seed"] + index, **options) if s["baseline"] else None
+        result = pair.generate(ids, seed=s["seed"] + index, **lengths, **rules)
+        reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
         return ev.prompt_result(set_name, index, text, result, reference)
 
     return session

@@ -67,6 +67,11 @@ def plan(
     for note in notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if result.recommended is not None:
+        fixed, threshold = document["best_fixed"], document["best_threshold"]
+        best = f"best fixed verify length: k = {int(fixed['value'])} ({fixed['tokens_per_s']:.1f} tokens/s)"
+        if threshold is not None:
+            best += f"; best survival threshold: {threshold['value']:g} ({threshold['tokens_per_s']:.1f} tokens/s)"
+        console.print(Text(best, style="dim"))
         fields = document["speculative_config"]
         console.print(Text.assemble("recommended: ", (result.recommended.rule.label, "bold"),
                                     f" — {result.recommended.tokens_per_s:.1f} tokens/s predicted, τ "

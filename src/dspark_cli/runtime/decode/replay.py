@@ -192,10 +192,10 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
     return block, rows, notes
 
 
-def recommend(rows: list[Row]) -> Row | None:
-    """The row vLLM can deploy (a fixed verify length, or an uncalibrated survival threshold) with the highest
-    predicted tokens/s; None without a cost table."""
-    usable = [row for row in rows if row.tokens_per_s is not None and row.rule.kind in VLLM_RULES
+def recommend(rows: list[Row], kinds: Sequence[str] = VLLM_RULES) -> Row | None:
+    """The row vLLM can deploy (a fixed verify length, or an uncalibrated survival threshold; `kinds` narrows it)
+    with the highest predicted tokens/s; None without a cost table."""
+    usable = [row for row in rows if row.tokens_per_s is not None and row.rule.kind in kinds
               and not row.rule.calibrated]
     return max(usable, key=lambda row: row.tokens_per_s, default=None)
 
@@ -246,7 +246,13 @@ class Plan:
         return {"format": PLAN_FORMAT, "runs": self.runs, "block_size": self.block_size,
                 "costs": self.costs_source, "calibration": self.calibration_source,
                 "recommended": None if self.recommended is None else self.recommended.to_dict(),
+                "best_fixed": _row_dict(recommend(self.rows, ("fixed",))),
+                "best_threshold": _row_dict(recommend(self.rows, ("survival",))),
                 "speculative_config": fields, "rows": [row.to_dict() for row in self.rows], "notes": self.notes}
+
+
+def _row_dict(row: Row | None) -> dict | None:
+    return None if row is None else row.to_dict()
 
 
 def read_plan_fields(path: Path) -> dict:

@@ -170,7 +170,7 @@ def _check_settings(c: _Checker, settings: Any) -> dict:
     s = c.keys(settings, "'settings'", SETTINGS, ("calibration",))
     for key in ("target", "draft", "device", "dtype", "markov"):
         c.string(s[key], f"settings.{key}")
-    c.integer(s["block_size"], "settings.block_size", low=1, null=True)
+    c.integer(s["block_size"], "settings.block_size", low=1)  # saved once resolved, before the first result
     c.number(s["temperature"], "settings.temperature")
     c.number(s["confidence_threshold"], "settings.confidence_threshold", null=True)
     if s["confidence_threshold"] is not None and not 0 < s["confidence_threshold"] <= 1:
