@@ -112,7 +112,7 @@ def test_two_processes_give_the_one_process_run(one_process, tmp_path):
     assert result.stdout.count("τ per prompt set") == 1  # rank 0 alone prints the table
     _assert_same_prompts(_by_prompt(one_process), _by_prompt(out))
     doc = json.loads(out.read_text())
-    assert doc["statistics"]["all"]["prompts"] == 6
+    assert doc["statistics"]["all"]["prompts"] == 6 and len(doc["results"]) == 6  # each prompt once
 
 
 def test_interrupted_two_process_run_resumes_in_one(one_process, tmp_path):
