@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -75,9 +76,8 @@ def eval_command(
     if not dist.is_main:
         render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
     distributed.start(dist, options.torch_device(device), dist_timeout)
-    arguments = {name: value for name, value in ctx.params.items() if name != "dist_timeout"}
     try:
-        _evaluate(ctx, dist, **arguments)
+        _evaluate(ctx, dist)
     except distributed.PeerFailed as error:
         if dist.is_main:
             raise
@@ -92,67 +92,58 @@ def eval_command(
         distributed.stop(dist)
 
 
-def _evaluate(ctx, dist, *, target, draft, data, limit, chat, thinking, temperature, block_size, markov,
-              confidence_threshold, confidence_rule, baseline, seed, max_new_tokens, device, dtype, json_path,
-              markdown_path, compare, resume, calibration) -> None:
+def _evaluate(ctx, dist) -> None:
     """eval_command on one rank: inputs and the pair (checked on every rank together), the prompts (rank i runs
-    prompt i mod N; rank 0 merges and saves), then rank 0's report."""
+    prompt i mod N; rank 0 merges and saves), then rank 0's report. The options are ctx.params."""
     out = render.console
+    o = SimpleNamespace(**ctx.params)
     given = {name: value for name, value in ctx.params.items()
              if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
-    prepared = dist.together(lambda: _prepare(given, target, draft, data, limit, chat, thinking, temperature,
-                                              block_size, markov, confidence_threshold, confidence_rule, baseline,
-                                              seed, max_new_tokens, device, dtype, json_path, markdown_path, compare,
-                                              resume, calibration, out, dist), "reading the inputs and loading the pair")
-    run, sets, settings, session, json_path, old = prepared
+    run, sets, settings, session, json_path, old = dist.together(lambda: _prepare(given, o, out, dist),
+                                                                 "reading the inputs and loading the pair")
     _run_everywhere(dist, run, sets, settings, session, json_path, out)
-    if not dist.is_main:
-        return
-    _report(run, sets, settings, old, compare, json_path, markdown_path, out)
+    if dist.is_main:
+        _report(run, sets, settings, old, o.compare, json_path, o.markdown_path, out)
 
 
-def _prepare(given, target, draft, data, limit, chat, thinking, temperature, block_size, markov,
-             confidence_threshold, confidence_rule, baseline, seed, max_new_tokens, device, dtype, json_path,
-             markdown_path, compare, resume, calibration, out, dist):
+def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.decode import evaluation as ev
     from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
-    old = ev.EvalRun.load(compare) if compare is not None else None
-    if resume is not None:
-        run = ev.EvalRun.load(resume)
-        _check_resume(run.settings, given, resume)
-        _check_resume_calibration(run.settings["calibration"], calibration, resume)
+    old = ev.EvalRun.load(o.compare) if o.compare is not None else None
+    json_path = o.json_path
+    if o.resume is not None:
+        run = ev.EvalRun.load(o.resume)
+        _check_resume(run.settings, given, o.resume)
+        _check_resume_calibration(run.settings["calibration"], o.calibration, o.resume)
         settings = dict(run.settings)
-        paths = data or [Path(s.path) for s in run.sets]
-        sets = run.sets if data is None else [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in paths]
-        run.sets = sets
-        json_path = json_path or resume
+        if o.data:  # Typer gives an empty list when --data is not passed
+            run.sets = [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in o.data]
+        sets = run.sets
+        json_path = json_path or o.resume
     else:
+        target, draft, data = o.target, o.draft, o.data
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
         if target is None:
             from dspark_cli.runtime.demo import demo_pair
 
-            target_path, draft_path = demo_pair()
-            target, draft = str(target_path), str(draft_path)
+            target, draft = map(str, demo_pair())
             data = data or list(ev.SHIPPED_SETS)
         if not data:
             raise DsparkError("give at least one prompt set with --data FILE.")
-        if confidence_rule not in CONFIDENCE_RULES:
-            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {confidence_rule!r}.")
-        sets = [ev.read_prompt_set(path, limit, seed) for path in data]
-        settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
-                    "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
-                    "confidence_rule": confidence_rule, "max_new_tokens": max_new_tokens, "seed": seed, "chat": chat,
-                    "thinking": thinking, "baseline": baseline, "limit": limit,
-                    "calibration": _calibration_setting(calibration)}
+        if o.confidence_rule not in CONFIDENCE_RULES:
+            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {o.confidence_rule!r}.")
+        sets = [ev.read_prompt_set(path, o.limit, o.seed) for path in data]
+        settings = {"target": target, "draft": draft, "calibration": _calibration_setting(o.calibration),
+                    **{key: getattr(o, key) for key in RUN_KEYS if key not in ("target", "draft")}}
         run = ev.EvalRun(settings, sets)
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
-    _check_outputs(settings, sets, compare, json_path, markdown_path)
+    _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
     session = _load(settings, sets, out, dist)
     run.settings = settings
     return run, sets, settings, session, json_path, old
