@@ -167,3 +167,21 @@ def test_plan_with_calibration_adds_calibrated_rows_and_without_costs_recommends
     assert len(calibrated) == 2 * len(replay.THRESHOLDS)
     assert any(a["tau"] != b["tau"] for a, b in zip(calibrated, [r for r in doc["rows"] if r["rule"] != "fixed"
                                                                  and not r["calibrated"]]))
+
+
+def test_runs_without_logits_replay_fixed_lengths_only_and_cannot_be_calibrated(real_runs, tmp_path):
+    doc = json.loads(real_runs["full"].read_text())
+    doc["format"] = "dspark-eval/1"  # an older run file: no raw logits, no calibration setting
+    doc["settings"].pop("calibration")
+    for result in doc["results"]:
+        for r in result["rounds"]:
+            del r["confidence_logits"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["plan", str(old), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert {r["rule"] for r in plan["rows"]} == {"fixed"} and any("no raw confidence logits" in n for n in plan["notes"])
+    refused = runner.invoke(app, ["calibrate", str(old), "-o", str(tmp_path / "sts.json")])
+    assert refused.exit_code == 2 and "without raw confidence logits" in refused.output
+    assert not (tmp_path / "sts.json").exists()
