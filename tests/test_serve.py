@@ -249,3 +249,32 @@ def test_serve_imports_no_torch(target_dir, draft_dir):
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.stderr.strip().splitlines()[-1] == "0 []"
     assert json.loads(done.stdout)["speculative_config"]["method"] == "dspark"
+
+
+def _plan(path: Path, fields: dict) -> Path:
+    path.write_text(json.dumps({"format": "dspark-plan/1", "speculative_config": fields}))
+    return path
+
+
+def test_from_plan_carries_the_recommended_fields(tmp_path, target_dir, draft_dir):
+    plan = _plan(tmp_path / "plan.json", {"num_speculative_tokens": 3, "dspark_confidence_threshold": 0.4})
+    _, config = dry_run(target_dir, draft_dir, "--from-plan", plan)
+    assert config["num_speculative_tokens"] == 3 and config["dspark_confidence_threshold"] == 0.4
+    _, config = dry_run(target_dir, draft_dir, "--from-plan", _plan(tmp_path / "k.json", {"num_speculative_tokens": 2}))
+    assert config["num_speculative_tokens"] == 2 and "dspark_confidence_threshold" not in config
+    too_long = invoke(target_dir, draft_dir, "--from-plan", _plan(tmp_path / "l.json", {"num_speculative_tokens": 9}),
+                      "--dry-run")
+    assert too_long.exit_code == 2 and "more than the 4 draft tokens" in one_sentence(too_long.stderr)
+    for fields, expected in (({"num_speculative_tokens": 0}, "integer >= 1"),
+                             ({"num_speculative_tokens": 2, "dspark_confidence_threshold": 2}, "in (0, 1]"),
+                             ({"num_speculative_tokens": 2, "method": "eagle"}, "is not a plan"),
+                             (None, "recommends nothing")):
+        refused = invoke(target_dir, draft_dir, "--from-plan", _plan(tmp_path / "bad.json", fields), "--dry-run")
+        assert refused.exit_code == 2 and expected in one_sentence(refused.stderr), refused.stderr
+
+
+def test_from_plan_threshold_needs_a_confidence_head(tmp_path, target_dir):
+    draft = write_draft(tmp_path / "nohead", DraftSpec(confidence=False))
+    plan = _plan(tmp_path / "plan.json", {"num_speculative_tokens": 4, "dspark_confidence_threshold": 0.5})
+    refused = invoke(target_dir, draft, "--from-plan", plan, "--dry-run")
+    assert refused.exit_code == 2 and "needs a DSpark draft with a confidence head" in one_sentence(refused.stderr)

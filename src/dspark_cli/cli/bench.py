@@ -241,3 +241,60 @@ def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...
     if not values or unknown:
         raise DsparkError(f"{option} takes {' and/or '.join(allowed)} separated by commas, got {text!r}.")
     return values
+
+
+@bench_app.command("verify")
+@handle_errors
+def verify(
+    target: str = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id (default: the "
+                               "demo pair's)."),
+    draft: str = typer.Option(None, "--draft", "-d", help="Its DSpark draft: capture the hidden states the draft "
+                              "reads, as a round does (default: the demo draft with the demo target, else one layer)."),
+    tokens: int = typer.Option(8, "--tokens", min=1, help="Time passes over t = 1..TOKENS tokens (block size + 1 "
+                               "covers every verify length)."),
+    context: int = typer.Option(512, "--context", min=1, help="Cached positions before the scored tokens."),
+    device: options.device() = "auto",
+    dtype: options.dtype() = "auto",
+    reps: int = typer.Option(None, "--reps", min=1, help="Timed repetitions per length (default 50 on CUDA, 10 on "
+                             "CPU)."),
+    warmup: int = typer.Option(None, "--warmup", min=0, help="Untimed rounds first (default 5 on CUDA, 2 on CPU)."),
+    json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
+) -> None:
+    """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
+    from dspark_cli.runtime.bench.verify import time_verify
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
+    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.demo import demo_pair
+    from dspark_cli.runtime.devices import resolve_dtype
+    from dspark_cli.runtime.model.target import TargetModel
+
+    if target is None:
+        if draft is not None:
+            raise DsparkError("--draft needs its --target; give both, or neither for the demo pair.")
+        target, draft = map(str, demo_pair())
+    check_output_file(json_out, local_inputs("target", [target]) + local_inputs("draft", [draft]), "--json file")
+    torch_device = options.torch_device(device)
+    try:
+        torch_dtype = resolve_dtype(dtype, torch_device)
+    except ValueError as error:
+        raise DsparkError(f"--dtype {error}.") from None
+    indices = [1]
+    if draft is not None:
+        indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices
+    cuda = torch_device.type == "cuda"
+    with err_console.status("loading the target, then timing"):
+        model = TargetModel.load(target, indices, dtype=torch_dtype, device=torch_device)
+        costs = time_verify(model, target, context, tokens, reps or (50 if cuda else 10),
+                            (5 if cuda else 2) if warmup is None else warmup)
+    out = err_console if options.to_stdout(json_out) else console
+    table = Table(title=Text(f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"),
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("tokens", "median ms", "min ms", "p10–p90 ms", "ms/token"):
+        table.add_column(name, justify="right")
+    for t, timing in sorted(costs.timings.items()):
+        table.add_row(str(t), f"{timing.median_us / 1000:.3f}", f"{timing.min_us / 1000:.3f}",
+                      f"{timing.p10_us / 1000:.3f}–{timing.p90_us / 1000:.3f}", f"{timing.median_us / 1000 / t:.3f}")
+    out.print(table)
+    if json_out is not None:
+        emit_json(costs.to_dict(), json_out)

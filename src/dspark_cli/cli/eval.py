@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -60,63 +61,154 @@ def eval_command(
                                            "with its 95% interval, and whether it is significant."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
                                           "kept, only missing ones run (saved back to it unless --json)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
+                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
+                                               "rule and the calibration scores; the output is unchanged."),
+    dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
+                                       "the others (a prompt on each rank) before the run fails."),
 ) -> None:
+    from dspark_cli.errors import EXIT_TERMINATED, DsparkError, Terminated
+    from dspark_cli.runtime import distributed
+
+    if not dist_timeout > 0:
+        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
+    dist = distributed.context_from_env()
+    if not dist.is_main:
+        render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
+    distributed.start(dist, options.torch_device(device), dist_timeout)
+    try:
+        _evaluate(ctx, dist)
+    except distributed.PeerFailed as error:
+        if dist.is_main:
+            raise
+        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
+    except (KeyboardInterrupt, Terminated) as stop:
+        if not dist.is_main:
+            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
+        raise
+    except distributed.torch_distributed_error() as error:
+        raise distributed.lost_contact(dist, error) from error
+    finally:
+        distributed.stop(dist)
+
+
+def _evaluate(ctx, dist) -> None:
+    """eval_command on one rank: inputs and the pair (checked on every rank together), the prompts (rank i runs
+    prompt i mod N; rank 0 merges and saves), then rank 0's report. The options are ctx.params."""
+    out = render.console
+    o = SimpleNamespace(**ctx.params)
+    given = {name: value for name, value in ctx.params.items()
+             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
+    run, sets, settings, session, json_path, old = dist.together(lambda: _prepare(given, o, out, dist),
+                                                                 "reading the inputs and loading the pair")
+    _run_everywhere(dist, run, sets, settings, session, json_path, out)
+    if dist.is_main:
+        _report(run, sets, settings, old, o.compare, json_path, o.markdown_path, out)
+
+
+def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
+    """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.decode import evaluation as ev
     from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
-    out = render.console
-    given = {name: value for name, value in ctx.params.items()
-             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
-    old = ev.EvalRun.load(compare) if compare is not None else None
-    if resume is not None:
-        run = ev.EvalRun.load(resume)
-        _check_resume(run.settings, given, resume)
+    old = ev.EvalRun.load(o.compare) if o.compare is not None else None
+    json_path = o.json_path
+    if o.resume is not None:
+        run = ev.EvalRun.load(o.resume)
+        _check_resume(run.settings, given, o.resume)
+        _check_resume_calibration(run.settings["calibration"], o.calibration, o.resume)
         settings = dict(run.settings)
-        paths = data or [Path(s.path) for s in run.sets]
-        sets = run.sets if data is None else [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in paths]
-        run.sets = sets
-        json_path = json_path or resume
+        if o.data:  # Typer gives an empty list when --data is not passed
+            run.sets = [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in o.data]
+        sets = run.sets
+        json_path = json_path or o.resume
     else:
+        target, draft, data = o.target, o.draft, o.data
         if (target is None) != (draft is None):
             raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
         if target is None:
             from dspark_cli.runtime.demo import demo_pair
 
-            target_path, draft_path = demo_pair()
-            target, draft = str(target_path), str(draft_path)
+            target, draft = map(str, demo_pair())
             data = data or list(ev.SHIPPED_SETS)
         if not data:
             raise DsparkError("give at least one prompt set with --data FILE.")
-        if confidence_rule not in CONFIDENCE_RULES:
-            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {confidence_rule!r}.")
-        sets = [ev.read_prompt_set(path, limit, seed) for path in data]
-        settings = {"target": target, "draft": draft, "device": device, "dtype": dtype, "block_size": block_size,
-                    "markov": markov, "temperature": temperature, "confidence_threshold": confidence_threshold,
-                    "confidence_rule": confidence_rule, "max_new_tokens": max_new_tokens, "seed": seed, "chat": chat,
-                    "thinking": thinking, "baseline": baseline, "limit": limit}
+        if o.confidence_rule not in CONFIDENCE_RULES:
+            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {o.confidence_rule!r}.")
+        sets = [ev.read_prompt_set(path, o.limit, o.seed) for path in data]
+        settings = {"target": target, "draft": draft, "calibration": _calibration_setting(o.calibration),
+                    **{key: getattr(o, key) for key in RUN_KEYS if key not in ("target", "draft")}}
         run = ev.EvalRun(settings, sets)
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
-    _check_outputs(settings, sets, compare, json_path, markdown_path)
-
-    session = _load(settings, sets, out)
+    _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
+    session = _load(settings, sets, out, dist)
     run.settings = settings
-    block = settings["block_size"]
+    return run, sets, settings, session, json_path, old
+
+
+def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console) -> None:
+    """Run the missing prompts (one process, or this rank's share), rank 0 saving after each; Ctrl-C keeps what
+    finished and says how to resume."""
+    from dspark_cli.errors import Terminated
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    path = json_path if dist.is_main else None
 
     def save(_result=None) -> None:
-        if json_path is not None:
-            run.save(json_path)
+        if path is not None:
+            run.save(path)
 
     try:
-        _run_sets(run, sets, session, save, out)
-    except (KeyboardInterrupt, Terminated) as stop:  # render.handle_errors prints `kept` and exits 130 / 143
-        if json_path is not None and run.results and Path(json_path).is_file():
-            stop.kept = (f"the {len(run.results)} finished prompts are saved in {json_path}; continue with "
-                         f"`dspark eval --resume {json_path}`")
+        if dist.enabled:
+            pending = ev.pending_prompts(run, sets)
+            dist.same_everywhere([len(pending), _crc(pending)], "prompts to run (prompt sets, --limit, seed)")
+            _run_shared(dist, run, sets, pending, session, save, out)
+        else:
+            _run_sets(run, sets, session, save, out)
+    except (KeyboardInterrupt, Terminated) as stop:
+        if path is not None and run.results and Path(path).is_file():  # render.handle_errors says what was kept
+            stop.kept = (f"the {len(run.results)} finished prompts are saved in {path}; continue with `dspark eval "
+                         f"--resume {path}` (with any number of processes)")
         raise
 
+
+def _crc(items: list) -> int:
+    """A checksum of JSON-ready items (the same on every rank when they run the same prompts)."""
+    import json
+    import zlib
+
+    return zlib.crc32(json.dumps(items).encode())
+
+
+def _run_shared(dist, run, sets, pending, session, save, out: Console) -> None:
+    """Under torchrun: prompt i of the pending list runs on rank i mod N; after each step every rank's result
+    reaches rank 0, which appends and saves them (a failure on any rank stops all, naming it)."""
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    mine = ev.shard(pending, dist.rank, dist.world_size)
+    steps = -(-len(pending) // dist.world_size)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as progress:
+        tasks = {s.name: progress.add_task(s.name, total=len(s.prompts), completed=len(run.results_of(s)))
+                 for s in sets}
+        for step in range(steps):
+            item = mine[step] if step < len(mine) else None
+            what = f"prompt {item[1] + 1} of {item[0]}" if item else "an idle step"
+            results = dist.exchange(lambda: None if item is None else vars(session(*item)), what)
+            for result in results:
+                if result is not None:
+                    run.results.append(ev.PromptResult(**result))
+                    save()
+                    progress.advance(tasks[result["set_name"]])
+
+
+def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Console) -> None:
+    from dspark_cli.runtime.decode import evaluation as ev
+
+    block = settings["block_size"]
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
     everything = [r for s in sets for r in run.results_of(s)]
     rows.append(("all", ev.set_statistics(everything, block, settings["max_new_tokens"])))
@@ -161,13 +253,32 @@ def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> N
     from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
-              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare]))
+              + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare])
+              + local_inputs("--calibration file", [(settings["calibration"] or {}).get("path")]))
     check_output_file(json_path, inputs, "--json file")
     check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
 
 
 def _duplicate(names: list[str]) -> str:
     return next(name for name in names if names.count(name) > 1)
+
+
+def _calibration_setting(path: Path | None) -> dict | None:
+    """The run file's record of --calibration: the file and its temperatures (a resumed run uses these)."""
+    if path is None:
+        return None
+    from dspark_cli.runtime.decode.calibration import load_temperatures
+
+    return {"path": str(path), "temperatures": load_temperatures(path)}
+
+
+def _check_resume_calibration(stored: dict | None, given: Path | None, path: Path) -> None:
+    from dspark_cli.errors import DsparkError
+
+    if given is not None and (stored is None or stored["path"] != str(given)):
+        was = "without --calibration" if stored is None else f"with --calibration {stored['path']}"
+        raise DsparkError(f"{path} was run {was}, not with --calibration {given}; drop --calibration to resume with "
+                          "the stored temperatures, or start a new run.")
 
 
 def _check_resume(stored: dict, given: dict, path: Path) -> None:
@@ -180,7 +291,7 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
                               "resume with the stored settings, or start a new run.")
 
 
-def _load(settings: dict, sets: list, out: Console):
+def _load(settings: dict, sets: list, out: Console, dist):
     """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
     session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
     and chat into `settings`."""
@@ -188,7 +299,8 @@ def _load(settings: dict, sets: list, out: Console):
     from dspark_cli.runtime.pair import Pair, SamplingParams
 
     s = settings
-    checked = Pair.check(s["target"], s["draft"], device=s["device"], dtype=s["dtype"], block_size=s["block_size"],
+    device = str(dist.device(options.torch_device(s["device"])))  # under torchrun on CUDA: this rank's GPU
+    checked = Pair.check(s["target"], s["draft"], device=device, dtype=s["dtype"], block_size=s["block_size"],
                          markov=s["markov"], confidence_threshold=s["confidence_threshold"])
     _warn(out, checked.warnings)
     use_chat = checked.chat(s["chat"])
@@ -199,17 +311,22 @@ def _load(settings: dict, sets: list, out: Console):
     params = SamplingParams(temperature=s["temperature"])
     s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
              markov=pair.strategy(params), chat=use_chat, draft_kind=pair.draft_kind)
-    options = {"max_new_tokens": s["max_new_tokens"], "params": params}
+    lengths = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
+    if s["calibration"] is not None:
+        from dspark_cli.runtime.decode.calibration import check_temperatures
+
+        rules["confidence_temperatures"] = check_temperatures(s["calibration"]["temperatures"], pair.block_size,
+                                                              s["calibration"]["path"])
     warm = [True]
 
     def session(set_name: str, index: int, text: str):
         ids = encoded[set_name, index]
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **options, **rules)
+            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths, **rules)
             warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **options, **rules)
-        reference = pair.baseline(ids, seed=s["seed"] + index, **options) if s["baseline"] else None
+        result = pair.generate(ids, seed=s["seed"] + index, **lengths, **rules)
+        reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
         return ev.prompt_result(set_name, index, text, result, reference)
 
     return session
@@ -248,6 +365,8 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
     if s["confidence_threshold"] is not None:
         cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
     kind = f"{s['draft_kind']}, " if s.get("draft_kind") else ""
+    if s["calibration"] is not None:
+        cut += f", STS {s['calibration']['path']}"
     out.print(Text("\ndspark eval", style="bold") + Text(
         f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
         f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))

@@ -55,6 +55,9 @@ def generate(
                                           "models under 100 M parameters, whose small matmuls do not scale; else "
                                           "the cores the load average shows idle)."),
     json_path: options.json_path("every number (with '-', the streamed text goes to stderr)") = None,
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
+                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
+                                               "and the calibration scores; the output is unchanged."),
 ) -> None:
     from dspark_cli.cli.generate_report import Settings, json_document, print_report
     from dspark_cli.errors import DsparkError
@@ -80,13 +83,15 @@ def generate(
         raise DsparkError(f"--threads: {error}.") from None
     checked = Pair.check(target, draft, device=device, dtype=dtype, block_size=block_size, draft_topk=draft_topk,
                          markov=markov, confidence_threshold=confidence_threshold)
-    inputs = local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
+    inputs = (local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
+              + local_inputs("--calibration file", [calibration]))
     check_output_file(json_path, inputs + [("draft checkpoint", checked.checkpoint.local_dir)], "--json file")
     _warn(out, checked.warnings)
     use_chat = checked.chat(chat)
     prompt_ids = [checked.encode(text, use_chat) for text in texts]
     checked.check_context([len(ids) for ids in prompt_ids], max_new_tokens)
 
+    temperatures = _temperatures(calibration, checked.block_size)
     with out.status("loading the target and the draft"):
         pair = checked.load(progress=False)
         set_threads(threads, pair.target.model, pair.draft)
@@ -96,9 +101,10 @@ def generate(
                         pair.strategy(params), pair.draft_topk, confidence_threshold, temperature, top_p, top_k,
                         max_new_tokens, seed, use_chat, pair.warnings, draft_kind=pair.draft_kind)
     with out.status("warming up"):
-        pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, params=params, seed=seed)
-    runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, max_new_tokens=max_new_tokens,
-                                               params=params, seed=seed)
+        pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, params=params, seed=seed,
+                     confidence_temperatures=temperatures)
+    runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, temperatures,
+                                               max_new_tokens=max_new_tokens, params=params, seed=seed)
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, params.greedy)
     if json_path is not None:
@@ -110,7 +116,17 @@ def _warn(out, warnings: list[str]) -> None:
         out.print(Text(f"warning: {warning}", style="yellow"))
 
 
-def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, baseline: bool, **options):
+def _temperatures(path: Optional[Path], block_size: int) -> list[float] | None:
+    """--calibration's STS temperatures for the block (None without the option)."""
+    if path is None:
+        return None
+    from dspark_cli.runtime.decode.calibration import check_temperatures, load_temperatures
+
+    return check_temperatures(load_temperatures(path), block_size, str(path))
+
+
+def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, baseline: bool,
+                 temperatures: list[float] | None, **options):
     """Each prompt streamed as it is accepted, then (with baseline) decoded plainly. -> runs, stats, baseline stats."""
     from dspark_cli.cli.generate_report import PromptRun, Stream
     from dspark_cli.runtime.pair import first_divergence
@@ -119,7 +135,7 @@ def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, basel
     for index, (text, ids) in enumerate(zip(texts, prompt_ids)):
         out.print(Text(f"\n[{index + 1}/{len(texts)}] ", style="bold cyan") + Text(text, style="dim"))
         stream = Stream(pair.tokenizer, out)
-        result = pair.generate(ids, on_tokens=stream, **options)
+        result = pair.generate(ids, on_tokens=stream, confidence_temperatures=temperatures, **options)
         stream.finish()
         run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop)
         stats.append(result.stats)

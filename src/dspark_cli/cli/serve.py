@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -41,6 +42,9 @@ def serve(
     port: Optional[int] = typer.Option(None, "--port", help="Port of vLLM's OpenAI-compatible server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
     json_path: options.json_path("the speculative config and argv (implies --dry-run)") = None,
+    from_plan: Optional[Path] = typer.Option(None, "--from-plan", metavar="PLAN.json", help="Take "
+                                             "num_speculative_tokens (and a survival threshold, "
+                                             "dspark_confidence_threshold) from `dspark plan -o`."),
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
@@ -48,9 +52,20 @@ def serve(
     from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
     from dspark_cli.runtime.serve import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
 
-    check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft]), "--json file")
+    check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
+                      + local_inputs("--from-plan file", [from_plan]), "--json file")
+    threshold = None
+    if from_plan is not None:
+        from dspark_cli.runtime.decode.replay import read_plan_fields
+
+        fields = read_plan_fields(from_plan)
+        if block_size is not None and block_size != fields["num_speculative_tokens"]:
+            raise DsparkError(f"--block-size {block_size} contradicts the plan {from_plan} "
+                              f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
+        block_size, threshold = fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
     request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
-                           draft_sample_method=draft_sample_method, port=port, vllm_args=tuple(vllm_args or ()))
+                           draft_sample_method=draft_sample_method, port=port, vllm_args=tuple(vllm_args or ()),
+                           confidence_threshold=threshold)
     try:
         plan = plan_serve(request)
     except DraftRefused as refused:

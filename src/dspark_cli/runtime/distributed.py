@@ -102,6 +102,28 @@ class DistContext:
                              "above).", int(codes[failed[0]]))
         return result
 
+    def exchange(self, work: Callable[[], T], what: str) -> list[T]:
+        """Run `work` on this rank and give every rank the results of all ranks, in rank order (a collective).
+        Results travel as JSON (no pickle between processes), so they must be JSON-ready; a failure on any rank
+        raises on every rank as in `together`."""
+        import json
+
+        result = self.together(work, what)
+        if not self.enabled:
+            return [result]
+        payload = torch.tensor(list(json.dumps(result).encode()), dtype=torch.uint8, device=_collective_device())
+        sizes = torch.zeros(self.world_size, dtype=torch.int64, device=payload.device)
+        sizes[self.rank] = payload.numel()
+        self._all_reduce(sizes)
+        padded = torch.zeros(int(sizes.max()), dtype=torch.uint8, device=payload.device)
+        padded[: payload.numel()] = payload
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        try:
+            torch.distributed.all_gather(gathered, padded)
+        except RuntimeError as error:
+            raise lost_contact(self, error) from error
+        return [json.loads(bytes(g[: int(n)].tolist()).decode()) for g, n in zip(gathered, sizes.tolist())]
+
     def same_everywhere(self, values: list[int], what: str) -> None:
         """Refuse, on every rank, to go on when these integers are not the same on all ranks (a collective)."""
         if not self.enabled:

@@ -355,17 +355,20 @@ class Pair:
         seed: int = 0,
         block_size: int | None = None,
         confidence_rule: str = "survival",
+        confidence_temperatures: Sequence[float] | None = None,
         length_rule: str = "stop",
         stop_ids: Sequence[int] | None = None,
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         """Speculative decoding of one prompt (text is encoded with `encode`; ids are used as they are).
-        block_size / stop_ids None: the pair's; seed: of the torch.Generator every random draw uses."""
+        block_size / stop_ids None: the pair's; seed: of the torch.Generator every random draw uses;
+        confidence_temperatures: STS temperatures for the confidences (calibration.load_temperatures)."""
         return speculative_generate(self.target, self.draft, self._ids(prompt), params,
                                     block_size=self.block_size if block_size is None else block_size,
                                     max_new_tokens=max_new_tokens, strategy=self.strategy(params),
                                     draft_topk=self.draft_topk, confidence_threshold=self.checked.confidence_threshold,
-                                    confidence_rule=confidence_rule, length_rule=length_rule,
+                                    confidence_rule=confidence_rule,
+                                    confidence_temperatures=confidence_temperatures, length_rule=length_rule,
                                     stop_ids=self.stop_ids if stop_ids is None else stop_ids,
                                     generator=self._generator(seed), on_tokens=on_tokens)
 

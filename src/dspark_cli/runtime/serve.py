@@ -57,6 +57,7 @@ class ServeRequest:
     draft_sample_method: str = "probabilistic"
     port: int | None = None
     vllm_args: tuple[str, ...] = ()  # passed to `vllm serve` unchanged, after dspark's own flags
+    confidence_threshold: float | None = None  # verify positions whose survival >= X (a `dspark plan` result)
 
 
 @dataclass
@@ -195,6 +196,11 @@ def speculative_config(config: DraftConfig, model: str, request: ServeRequest) -
     topk = _draft_topk(config, request.draft_topk, method)
     if topk is not None:
         spec["dspark_draft_topk"] = topk
+    if request.confidence_threshold is not None:
+        if method != "dspark" or not config.enable_confidence_head:
+            raise DsparkError("a confidence threshold needs a DSpark draft with a confidence head, and this draft "
+                              "has none; plan without thresholds.")
+        spec["dspark_confidence_threshold"] = request.confidence_threshold
     notes = []
     if config.reduced_vocab:
         notes.append(f"reduced draft vocabulary ({config.draft_vocab_size} of {config.vocab_size} ids): vLLM maps "

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Callable
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
 from dspark_cli.runtime.demo import DEMO_DIR
+from dspark_cli.runtime.decode.run_file import RUN_FORMAT, RunFileError, read_bounded_text, read_run_document
 from dspark_cli.runtime.decode.metrics import (
     STAGE_SECTIONS,
     Calibration,
@@ -34,7 +36,7 @@ from dspark_cli.runtime.decode.metrics import (
 )
 
 SHIPPED_SETS = (DEMO_DIR / "eval_code.jsonl", DEMO_DIR / "eval_prose.jsonl")
-RUN_FORMAT = "dspark-eval/1"
+MAX_PROMPT_SET_BYTES = 1024**3
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20260501
 CONFIDENCE_LEVEL = 0.95
@@ -56,10 +58,7 @@ def read_prompt_set(path: Path, limit: int | None = None, seed: int = 0) -> Prom
     path = Path(path)
     if path.suffix not in (".jsonl", ".txt"):
         raise DsparkError(f"{path}: use a .jsonl file (DeepSpec's eval_datasets layout) or a .txt file.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise DsparkError(f"cannot read the prompt set {path}: {error}.") from None
+    text = read_bounded_text(path, MAX_PROMPT_SET_BYTES, "prompt set")
     prompts = _jsonl_prompts(path, text) if path.suffix == ".jsonl" else _txt_prompts(text)
     if not prompts:
         raise DsparkError(f"{path} holds no prompts; give at least one.")
@@ -75,9 +74,10 @@ def _jsonl_prompts(path: Path, text: str) -> list[str]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DsparkError(f"{path} line {number} is not JSON ({error.msg}).") from None
+            record = parse_json_text(line, f"{path} line {number}", "give one JSON record per line",
+                                     invalid="is not JSON")
+        except CheckpointError as error:  # invalid, an integer too long to parse, or nested absurdly deep
+            raise DsparkError(error.message) from None
         prompt = prompt_of_record(record)
         if not isinstance(prompt, str) or not prompt:
             raise DsparkError(f"{path} line {number}: give an object with a non-empty 'turns' list of strings "
@@ -146,7 +146,7 @@ class PromptResult:
     baseline: dict | None = None  # {"new_tokens", "ttft_s", "total_s", "tokens"} of plain decoding
 
     def stats(self) -> GenerationStats:
-        records = [RoundRecord(**{k: v for k, v in r.items() if k not in STAGE_SECTIONS}) for r in self.rounds]
+        records = [_round_record(r) for r in self.rounds]
         sections = [stage_sections(r) for r in self.rounds]
         return GenerationStats(self.prompt_tokens, self.new_tokens, self.ttft_s, self.total_s, records, sections)
 
@@ -155,6 +155,15 @@ class PromptResult:
             return None
         b = self.baseline
         return GenerationStats(self.prompt_tokens, b["new_tokens"], b["ttft_s"], b["total_s"], [])
+
+
+def _round_record(round_: dict) -> RoundRecord:
+    """A run file's round as a RoundRecord; confidences are set after the range check, as the loop records them
+    (NaN from a broken head stays, and the report says why it cannot be scored)."""
+    fields = {k: v for k, v in round_.items() if k not in STAGE_SECTIONS and k != "confidences"}
+    record = RoundRecord(**fields)
+    record.confidences = round_.get("confidences")
+    return record
 
 
 def prompt_result(set_name: str, index: int, prompt: str, result, baseline=None) -> PromptResult:
@@ -206,16 +215,20 @@ class EvalRun:
 
     @classmethod
     def load(cls, path: Path) -> "EvalRun":
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-            if doc.get("format") != RUN_FORMAT:
-                raise ValueError(f"format is {doc.get('format')!r}, not {RUN_FORMAT!r}")
-            sets = [PromptSet(**s) for s in doc["sets"]]
-            results = [PromptResult(**r) for r in doc["results"]]
-            return cls(doc["settings"], sets, results)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, KeyError, TypeError) as error:
-            raise DsparkError(f"{path} is not a readable dspark eval run file ({error}); give a file written by "
-                              "`dspark eval --json`.") from None
+        """The run file at `path`, its schema checked (run_file.check_run_document): RunFileError names the first
+        problem (the file, the key, what is wrong) in one sentence."""
+        doc = read_run_document(Path(path))
+        sets = [PromptSet(**s) for s in doc["sets"]]
+        results = [PromptResult(**r) for r in doc["results"]]
+        settings = {"calibration": None, **doc["settings"]}  # runs before dspark-eval/2 had no calibration
+        run = cls(settings, sets, results)
+        for result in results:
+            try:
+                result.stats()
+            except ValueError as error:
+                raise RunFileError(f"{path}: a round of prompt {result.index + 1} of {result.set_name} is not "
+                                   f"consistent ({error}); fix the value or run the evaluation again.") from None
+        return run
 
 
 GenerateOne = Callable[[int, str], PromptResult]  # (index in set, prompt) -> its result
@@ -235,6 +248,18 @@ def run_set(run: EvalRun, prompt_set: PromptSet, generate_one: GenerateOne,
         if on_done is not None:
             on_done(result)
     return ran
+
+
+def pending_prompts(run: EvalRun, sets: list[PromptSet]) -> list[tuple[str, int, str]]:
+    """(set name, index, prompt) of every prompt of `sets` that `run` has not finished, set by set in order."""
+    done = run.finished()
+    return [(s.name, i, p) for s in sets for i, p in enumerate(s.prompts) if run.key(s.name, i, p) not in done]
+
+
+def shard(items: list, rank: int, world_size: int) -> list:
+    """This rank's share of `items`: item i goes to rank i mod world_size (DeepSpec's evaluator), so the shares
+    are disjoint, cover every item, and differ in length by at most one."""
+    return items[rank::world_size]
 
 
 # --- statistics -------------------------------------------------------------------------------------------------

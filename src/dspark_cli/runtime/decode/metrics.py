@@ -28,7 +28,10 @@ class RoundRecord:
         round ends on an accepted stop token (DeepSpec's rule). Counted before the output is
         trimmed to the length limit.
     drafted: positions the draft produced (block size); None means equal to proposed.
-    confidences: per-slot confidence c_j in [0, 1] for each drafted position, or None.
+    confidences: per-slot confidence c_j in [0, 1] for each drafted position, or None (with an STS calibration,
+        c_j = sigmoid(logit_j / T_j)).
+    confidence_logits: the confidence head's raw logits for each drafted position (before any temperature), or
+        None; what `dspark calibrate` fits and `dspark plan` replays.
     """
 
     proposed: int
@@ -36,6 +39,7 @@ class RoundRecord:
     emitted: int
     drafted: int | None = None
     confidences: list[float] | None = None
+    confidence_logits: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.drafted is None:

@@ -68,7 +68,8 @@ class Proposal:
 
     tokens: torch.Tensor  # [N] int64 target ids
     draft_probs: torch.Tensor | None  # [N, V] fp32 q over the target vocabulary; None when greedy (q one-hot)
-    confidences: torch.Tensor | None  # [N] fp32 c_i; None without a confidence head
+    confidences: torch.Tensor | None  # [N] fp32 c_i = sigmoid(logit_i / T_i); None without a confidence head
+    confidence_logits: torch.Tensor | None = None  # [N] fp32 the head's raw logits (before any temperature)
 
 
 @dataclass
@@ -130,9 +131,11 @@ def draft_backbone(drafter: Drafter, context: DraftContext, anchor: int, n_draft
 
 @torch.inference_mode()
 def markov_stage(
-    drafter: Drafter, hidden: torch.Tensor, base: torch.Tensor, anchor: int, generator: torch.Generator | None
+    drafter: Drafter, hidden: torch.Tensor, base: torch.Tensor, anchor: int, generator: torch.Generator | None,
+    temperatures: torch.Tensor | None = None,
 ) -> Proposal:
-    """The sequential Markov walk over the base logits [N, Vd], the confidence head and q -> the proposal."""
+    """The sequential Markov walk over the base logits [N, Vd], the confidence head and q -> the proposal.
+    temperatures [N]: the confidence head's STS calibration, c_i = sigmoid(logit_i / T_i) (None: T_i = 1)."""
     draft, params = drafter.draft, drafter.params
     noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, base.device)  # [1, N, Vd]
     first_prev = torch.tensor([anchor], device=base.device)  # [1]: the walk is batch-first, here one block
@@ -142,11 +145,12 @@ def markov_stage(
     if drafter.weights is None and drafter.draft_vocab_ids is not None:
         tokens = drafter.draft_vocab_ids[tokens]  # no Markov head: the walk returned draft ids
     embeds = None if walk.embeds is None else walk.embeds[0]  # [N, r]
-    confidences = None
+    confidences = logits = None
     if draft.confidence_head is not None:
-        confidences = torch.sigmoid(draft.confidence_logit(hidden, embeds))  # [N]
+        logits = draft.confidence_logit(hidden, embeds).float()  # [N]
+        confidences = torch.sigmoid(logits if temperatures is None else logits / temperatures)  # [N]
     draft_probs = None if params.greedy else _target_vocab_probs(drafter, walk.logits[0])
-    return Proposal(tokens, draft_probs, confidences)
+    return Proposal(tokens, draft_probs, confidences, logits)
 
 
 def draft_block(
@@ -228,6 +232,7 @@ class _Loop:
     committed_total: int  # before trimming to max_new_tokens
     stopped: bool
     rounds: list[tuple[int, int, int, int, list[float] | None]] = field(default_factory=list)
+    confidence_logits: list[list[float] | None] = field(default_factory=list)  # per round: the head's raw logits
 
 
 def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_scored: int,
@@ -248,11 +253,14 @@ def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_sc
     return new
 
 
-def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidences: list[float] | None) -> RoundRecord:
-    """The RoundRecord of a finished round; confidences are kept as the head gave them, even NaN from a broken
-    head (set after the range check: the report says why they cannot be scored, metrics.calibration_problem)."""
-    record = RoundRecord(proposed, accepted, emitted, drafted)
+def _record(counts: tuple[int, int, int, int, list[float] | None], logits: list[float] | None) -> RoundRecord:
+    """The RoundRecord of a finished round from its (proposed, accepted, emitted, drafted, confidences) and raw
+    confidence logits; confidences are kept as the head gave them, even NaN from a broken head (set after the range
+    check: the report says why they cannot be scored, metrics.calibration_problem)."""
+    *sizes, confidences = counts
+    record = RoundRecord(*sizes)
     record.confidences = confidences
+    record.confidence_logits = logits
     return record
 
 
@@ -279,6 +287,7 @@ def speculative_generate(
     draft_topk: int | None = None,
     confidence_threshold: float | None = None,
     confidence_rule: str = "survival",
+    confidence_temperatures: Sequence[float] | None = None,
     length_rule: str = "stop",
     stop_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
@@ -288,6 +297,8 @@ def speculative_generate(
 
     strategy: "auto" or one of markov.STRATEGIES (ValueError if it cannot run); confidence_threshold:
     score only a prefix of the drafted positions chosen by confidence_rule (scored_length; None: all).
+    confidence_temperatures: STS temperatures T_1..T_N (at least block_size), c_i = sigmoid(logit_i / T_i) for the
+    threshold rule and the recorded confidences; the output never depends on them (None: T_i = 1).
     length_rule: "stop" ends when max_new_tokens are committed; "deepspec" runs one more round when exactly
     max_new_tokens are committed (DeepSpec's evaluator loops while the anchor index is below the limit); that
     round's tokens are trimmed away but it is recorded. on_tokens receives each batch of newly committed tokens.
@@ -299,6 +310,12 @@ def speculative_generate(
                          f"got {confidence_rule!r} and {length_rule!r}")
     if confidence_threshold is not None and draft.confidence_head is None:
         raise ValueError("a confidence threshold needs a draft with a confidence head")
+    temperatures = None
+    if confidence_temperatures is not None:
+        if len(confidence_temperatures) < block_size or not all(t > 0 for t in confidence_temperatures):
+            raise ValueError(f"need {block_size} confidence temperatures above 0, got {list(confidence_temperatures)}")
+        temperatures = torch.tensor(list(confidence_temperatures)[:block_size], dtype=torch.float32,
+                                    device=target.device)  # [N]
     prompt = _as_ids(prompt_ids, target.device)
     on_cuda = target.device.type == "cuda"
     resolved = choose_strategy(strategy, MarkovWeights.from_draft(draft), draft_topk, params, on_cuda)
@@ -319,9 +336,10 @@ def speculative_generate(
         with timer.section("draft"):
             hidden, base = draft_backbone(drafter, context, loop.anchor, block_size)
         with timer.section("markov"):
-            proposal = markov_stage(drafter, hidden, base, loop.anchor, generator)
+            proposal = markov_stage(drafter, hidden, base, loop.anchor, generator, temperatures)
             drafted = proposal.tokens.tolist()  # [N] ids on the host: the one copy the round needs
             confidences = None if proposal.confidences is None else proposal.confidences.tolist()
+            raw = None if proposal.confidence_logits is None else proposal.confidence_logits.tolist()
         n_scored = block_size
         if confidence_threshold is not None:
             n_scored = scored_length(confidences, confidence_threshold, confidence_rule)
@@ -333,6 +351,7 @@ def speculative_generate(
             accepted, next_token = accept_block(proposal, drafted[:n_scored], logits, params, generator)
         with timer.section("commit"):
             new = commit(loop, drafted, accepted, next_token, n_scored, confidences, stops, max_new_tokens)
+            loop.confidence_logits.append(raw)
             if on_tokens is not None and new:
                 on_tokens(new)
         if not loop.stopped and loop.committed_total < limit:
@@ -342,7 +361,7 @@ def speculative_generate(
                 advance(draft, context, features, accepted)
             loop.anchor = next_token
 
-    rounds = [_record(*counts) for counts in loop.rounds]
+    rounds = [_record(counts, raw) for counts, raw in zip(loop.rounds, loop.confidence_logits, strict=True)]
     stats = GenerationStats(len(prompt), len(loop.tokens), ttft_s, timer.now() - timer.started, rounds, timer.rounds)
     return GenerationResult(loop.tokens, stats, loop.tokens[-1] in stops)
 

@@ -1,0 +1,73 @@
+"""`dspark calibrate`: Sequential Temperature Scaling of the confidence head from eval runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.cli import options, render
+
+HELP = """Fit the confidence head's Sequential Temperature Scaling (one temperature per draft position, fitted left to
+right so that the survival prod c_i is calibrated) on `dspark eval --json` run files, score it on held-out prompts
+(ECE, AUROC, Brier per position, before and after), and write the one JSON file SGLang
+(--speculative-dspark-confidence-sts-path) and TensorRT-LLM (confidence_sts_path) read. `dspark generate` and
+`dspark eval` take it with --calibration. docs/eval.md."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate", help=HELP)(calibrate)
+
+
+@render.handle_errors
+def calibrate(
+    runs: list[Path] = typer.Argument(..., metavar="RUN.json...", help="Run files of `dspark eval --json`."),
+    out: Path = typer.Option(..., "--output", "-o", metavar="FILE", help="The STS file to write."),
+    holdout: float = typer.Option(0.3, "--holdout", min=0.01, max=0.99, help="Fraction of the prompts held out "
+                                  "to score the fit (split by prompt, seeded)."),
+    seed: options.seed("Seed of the held-out split") = 0,
+    force: options.force("Replace FILE if it exists.") = False,
+    json_path: options.json_path("the fit and its held-out scores") = None,
+) -> None:
+    import json
+
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint.files import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.decode.calibration import fit_runs
+    from dspark_cli.runtime.decode.evaluation import EvalRun
+
+    inputs = local_inputs("run file", runs)
+    check_output_file(out, inputs, "--output file")
+    check_output_file(json_path, inputs + local_inputs("--output file", [out]), "--json file")
+    if out.exists() and not force:
+        raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
+    loaded = [EvalRun.load(path) for path in runs]
+    result = fit_runs(loaded, [str(path) for path in runs], fraction=holdout, seed=seed)
+    document = result.to_json()
+    atomic_write_text(out, json.dumps(document, indent=2) + "\n")
+    if json_path is not None:
+        render.emit_json(document, json_path)
+    console = render.err_console if options.to_stdout(json_path) else render.console
+    console.print(_table(result))
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    console.print(Text.assemble("written to ", (str(out), "bold"), " (SGLang: --speculative-dspark-confidence-sts-path; "
+                                "TensorRT-LLM: confidence_sts_path; dspark: --calibration)"))
+
+
+def _n(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(result) -> Table:
+    table = Table(title=f"STS on {result.fit_prompts} prompts ({result.fit_rounds} rounds); scores of the survival "
+                        f"on {result.heldout_prompts} held-out prompts, before → after", title_justify="left",
+                  padding=(0, 1))
+    for column in ("j", "T_j", "pairs", "ECE", "AUROC", "Brier"):
+        table.add_column(column, justify="right")
+    for j, (t, before, after) in enumerate(zip(result.temperatures, result.before, result.after, strict=True)):
+        table.add_row(str(j), f"{t:.3f}", str(after.count), f"{_n(before.ece)} → {_n(after.ece)}",
+                      f"{_n(before.auroc)} → {_n(after.auroc)}", f"{_n(before.brier)} → {_n(after.brier)}")
+    return table

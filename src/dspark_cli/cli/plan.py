@@ -1,0 +1,107 @@
+"""`dspark plan`: the verify budget to deploy, from the rounds an eval run recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.cli import options, render
+
+HELP = """Replay the rounds of `dspark eval --json` run files offline for every fixed verify length k = 1..N and a
+sweep of confidence thresholds (survival and per-slot rules, raw and, with --calibration, calibrated): tau, accepted
+and verified tokens per round, and with --costs (the table of `dspark bench verify`) the predicted tokens/s at batch
+1. Recommends k or a threshold and prints the matching `vllm serve --speculative-config` fields; `dspark serve
+--from-plan FILE` takes them. Which figures are exact and which are estimates: docs/eval.md."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan", help=HELP)(plan)
+
+
+@render.handle_errors
+def plan(
+    runs: list[Path] = typer.Argument(..., metavar="RUN.json...", help="Run files of `dspark eval --json`."),
+    costs: Optional[Path] = typer.Option(None, "--costs", metavar="COSTS.json", help="Milliseconds of a target "
+                                         "pass over t tokens, t = 1..N+1 (`dspark bench verify --json`)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="Also replay the "
+                                               "thresholds on STS-calibrated confidences (`dspark calibrate`)."),
+    out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the plan (for `dspark "
+                                       "serve --from-plan`)."),
+    force: options.force("Replace FILE if it exists.") = False,
+    json_path: options.json_path("the plan") = None,
+) -> None:
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint.files import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.decode import replay
+    from dspark_cli.runtime.decode.calibration import load_temperatures
+    from dspark_cli.runtime.decode.evaluation import EvalRun
+
+    inputs = (local_inputs("run file", runs) + local_inputs("--costs table", [costs])
+              + local_inputs("--calibration file", [calibration]))
+    check_output_file(out, inputs, "--output file")
+    check_output_file(json_path, inputs + local_inputs("--output file", [out]), "--json file")
+    if out is not None and out.exists() and not force:
+        raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
+    loaded = [EvalRun.load(path) for path in runs]
+    table = replay.read_costs(costs) if costs is not None else None
+    temperatures = load_temperatures(calibration) if calibration is not None else None
+    block, rows, notes = replay.replay_runs(loaded, table, temperatures)
+    if table is None:
+        notes.append("no --costs table: tokens/s cannot be predicted, so nothing is recommended; measure one with "
+                     "`dspark bench verify --target ... --json costs.json`.")
+    result = replay.Plan([str(p) for p in runs], block, rows, replay.recommend(rows),
+                         None if costs is None else str(costs), None if calibration is None else str(calibration),
+                         notes)
+    document = result.to_dict()
+    if out is not None:
+        atomic_write_text(out, json.dumps(document, indent=2) + "\n")
+    if json_path is not None:
+        render.emit_json(document, json_path)
+    console = render.err_console if options.to_stdout(json_path) else render.console
+    console.print(_table(result))
+    for note in notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if result.recommended is not None:
+        fixed, threshold = document["best_fixed"], document["best_threshold"]
+        best = f"best fixed verify length: k = {int(fixed['value'])} ({fixed['tokens_per_s']:.1f} tokens/s)"
+        if threshold is not None:
+            best += f"; best survival threshold: {threshold['value']:g} ({threshold['tokens_per_s']:.1f} tokens/s)"
+        console.print(Text(best, style="dim"))
+        fields = document["speculative_config"]
+        console.print(Text.assemble("recommended: ", (result.recommended.rule.label, "bold"),
+                                    f" — {result.recommended.tokens_per_s:.1f} tokens/s predicted, τ "
+                                    f"{result.recommended.tau:.2f}"))
+        console.print(Text("vllm serve ... --speculative-config fields: ") + Text(json.dumps(fields), style="bold"))
+        if out is not None:
+            console.print(Text(f"`dspark serve --from-plan {out} -t TARGET -d DRAFT` serves with them", style="dim"))
+
+
+def _n(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(result) -> Table:
+    table = Table(title=f"replay of {sum(1 for _ in result.runs)} run file(s), block {result.block_size}: per round, "
+                        "exact for the recorded rounds; τ of a real run and tokens/s are estimates",
+                  title_justify="left", padding=(0, 1))
+    for column in ("rule", "τ", "95% CI", "accepted", "verified", "censored", "ms/round", "tok/s"):
+        table.add_column(column, justify="left" if column == "rule" else "right")
+    shown = [row for row in result.rows if row.rule.kind == "fixed" or _shown_threshold(row.rule.value)
+             or row is result.recommended]
+    for row in shown:
+        low, high = row.tau_ci
+        style = "bold green" if row is result.recommended else None
+        table.add_row(row.rule.label, _n(row.tau), f"[{_n(low)}, {_n(high)}]", _n(row.accepted_per_round),
+                      _n(row.verified_per_round), str(row.censored_rounds), _n(row.round_ms, 1),
+                      _n(row.tokens_per_s, 1), style=style)
+    return table
+
+
+def _shown_threshold(value: float) -> bool:
+    """The table shows every tenth threshold (the JSON and the recommendation have the whole sweep)."""
+    return abs(value * 10 - round(value * 10)) < 1e-9

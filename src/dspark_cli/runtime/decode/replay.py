@@ -1,0 +1,280 @@
+"""The verify budget from an eval run (`dspark plan`): the recorded rounds re-scored offline under other rules.
+
+    rows = replay_runs(runs, costs=read_costs(path), temperatures=load_temperatures(sts))
+    best = recommend(rows)                        # the row with the highest predicted tokens/s (vLLM's rules only)
+
+Every recorded round drafted N tokens and the target verified the first `proposed` of them, accepting `accepted`.
+A rule that verifies n tokens of the same round instead (a fixed verify length k: n = min(k, N); a confidence threshold:
+n = speculative.scored_length(c, X, rule), with c_j = sigmoid(l_j / T_j) from the recorded raw logits) would have
+accepted min(accepted, n) tokens and committed one more (the correction or bonus), both **exact** for that round:
+acceptance at position j depends only on the target's and the draft's distributions there (greedy: the argmax match;
+T > 0: that position's own uniform draw), never on how many later positions were verified. Two cases cannot be
+replayed from the record: n > proposed after a round that accepted all it verified (the outcome of the unverified
+positions is unknown: such rounds are replayed at n = proposed and counted as `censored`, a lower bound), and
+n >= accepted in a round that ended on an accepted stop token (it commits `accepted` and ends, as recorded).
+
+Estimates, not exact: τ of a whole run under the rule (after a different round the next one starts elsewhere, so a
+real run's rounds differ); a real `--block-size k` run (the draft's block attends bidirectionally, so a k-slot block
+drafts slightly different tokens than the first k slots of an N-slot one); and the predicted tokens/s, which adds the
+run's own draft, Markov and bookkeeping time per round to the cost of a target pass over n + 1 tokens (a measured
+table, `dspark bench verify`), at batch 1 with prefill left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.decode.evaluation import bootstrap_ratio
+from dspark_cli.runtime.decode.speculative import scored_length
+
+PLAN_FORMAT = "dspark-plan/1"
+COSTS_FORMAT = "dspark-verify-costs/1"
+THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
+VLLM_RULES = ("fixed", "survival")  # what vLLM's speculative config can express: num_speculative_tokens, a survival cut
+MAX_COSTS_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Round:
+    """One recorded round: raw confidence logits [N] (None without a head), verified (= proposed), accepted,
+    whether it ended on an accepted stop token, and its measured draft + Markov + bookkeeping seconds."""
+
+    logits: tuple[float, ...] | None
+    drafted: int
+    verified: int
+    accepted: int
+    stop: bool
+    overhead_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verified: int  # n: draft tokens the target scores (it scores n + 1 tokens with the anchor)
+    accepted: int
+    emitted: int
+    censored: bool  # the rule verifies past what was recorded after a fully accepted prefix
+
+
+def replay_round(r: Round, n: int) -> Outcome:
+    """The round re-scored with n verified draft tokens (see the module docstring for what is exact)."""
+    n = max(0, min(n, r.drafted))
+    censored = n > r.verified and r.accepted == r.verified and not r.stop
+    if censored:
+        n = r.verified
+    accepted = min(r.accepted, n)
+    if r.stop and n >= r.accepted:
+        return Outcome(n, accepted, accepted, False)  # the accepted stop token ends the round and generation
+    return Outcome(n, accepted, accepted + 1, censored)
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # "fixed", "survival" or "per-slot"
+    value: float  # k for fixed, the threshold X otherwise
+    calibrated: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.kind == "fixed":
+            return f"verify k = {int(self.value)}"
+        return f"{self.kind} >= {self.value:g}" + (" (STS)" if self.calibrated else "")
+
+    def verify_length(self, r: Round, temperatures: Sequence[float] | None) -> int:
+        if self.kind == "fixed":
+            return int(self.value)
+        temps = temperatures if self.calibrated else None
+        confidences = [_sigmoid(l / (temps[j] if temps else 1.0)) for j, l in enumerate(r.logits)]
+        return scored_length(confidences, self.value, self.kind)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@dataclass
+class Row:
+    rule: Rule
+    tau: float | None
+    tau_ci: list[float | None]
+    accepted_per_round: float | None
+    verified_per_round: float | None  # tokens the target scores per round, the anchor included (n + 1)
+    censored_rounds: int
+    rounds: int
+    tokens_per_s: float | None = None
+    round_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule.kind, "value": self.rule.value, "calibrated": self.rule.calibrated,
+                "label": self.rule.label, "tau": self.tau, "tau_ci": self.tau_ci,
+                "accepted_per_round": self.accepted_per_round, "verified_per_round": self.verified_per_round,
+                "censored_rounds": self.censored_rounds, "rounds": self.rounds, "per_round": "exact" if
+                not self.censored_rounds else "lower bound (censored rounds)", "tokens_per_s": self.tokens_per_s,
+                "round_ms": self.round_ms}
+
+
+def rounds_of_result(result) -> list[Round]:
+    """A PromptResult's rounds as Rounds."""
+    rounds = []
+    for r in result.rounds:
+        logits = r.get("confidence_logits")
+        overhead = sum(r.get(key, 0.0) for key in ("draft_backbone", "markov", "other"))
+        rounds.append(Round(None if logits is None else tuple(logits), r["drafted"], r["proposed"], r["accepted"],
+                            r["emitted"] == r["accepted"], overhead))
+    return rounds
+
+
+def replay(prompts: list[list[Round]], rule: Rule, temperatures: Sequence[float] | None = None,
+           costs: dict[int, float] | None = None) -> Row:
+    """One rule over every round of every prompt; τ's interval is the bootstrap over prompts eval uses."""
+    emitted, counts, accepted, verified, censored, seconds = [], [], 0, 0, 0, 0.0
+    for rounds in prompts:
+        total = 0
+        for r in rounds:
+            outcome = replay_round(r, rule.verify_length(r, temperatures))
+            total += outcome.emitted
+            accepted += outcome.accepted
+            verified += outcome.verified + 1
+            censored += outcome.censored
+            if costs is not None:
+                seconds += r.overhead_s + costs[outcome.verified + 1] / 1000.0
+        emitted.append(float(total))
+        counts.append(float(len(rounds)))
+    rounds_total = int(sum(counts))
+    tau = bootstrap_ratio(emitted, counts)
+    row = Row(rule, tau.estimate, [tau.low, tau.high], accepted / rounds_total if rounds_total else None,
+              verified / rounds_total if rounds_total else None, censored, rounds_total)
+    if costs is not None and seconds > 0:
+        row.tokens_per_s = sum(emitted) / seconds
+        row.round_ms = 1000.0 * seconds / rounds_total
+    return row
+
+
+def rules_for(block_size: int, has_logits: bool, calibrated: bool) -> list[Rule]:
+    rules = [Rule("fixed", k) for k in range(1, block_size + 1)]
+    if has_logits:
+        for sts in (False, True) if calibrated else (False,):
+            rules += [Rule(kind, x, sts) for kind in ("survival", "per-slot") for x in THRESHOLDS]
+    return rules
+
+
+def replay_runs(runs: list, costs: dict[int, float] | None = None,
+                temperatures: Sequence[float] | None = None) -> tuple[int, list[Row], list[str]]:
+    """(block size, one Row per rule, notes) over eval runs (evaluation.EvalRun) of one block size."""
+    blocks = {run.settings["block_size"] for run in runs}
+    if len(blocks) != 1:
+        raise DsparkError(f"the runs used different block sizes ({', '.join(map(str, sorted(blocks)))}); replay "
+                          "runs of one block size.")
+    block = blocks.pop()
+    prompts = [rounds_of_result(result) for run in runs for result in run.results]
+    if not any(prompts):
+        raise DsparkError("the runs hold no rounds to replay; run `dspark eval --json` on some prompts first.")
+    has_logits = all(r.logits is not None for rounds in prompts for r in rounds)
+    if temperatures is not None and len(temperatures) < block:
+        raise DsparkError(f"the calibration has {len(temperatures)} temperatures but the runs' block has {block} "
+                          "positions; calibrate runs of this block size.")
+    if costs is not None:
+        missing = [t for t in range(1, block + 2) if t not in costs]
+        if missing:
+            raise DsparkError(f"the verify-cost table has no time for a pass over {missing[0]} tokens; the replay "
+                              f"needs 1 to {block + 1} (`dspark bench verify --tokens {block + 1}`).")
+    notes = []
+    if not has_logits:
+        notes.append("the runs carry no raw confidence logits (no confidence head, or an older run file): only fixed "
+                     "verify lengths are replayed.")
+    if any(run.settings.get("confidence_threshold") is not None for run in runs):
+        notes.append("the runs were cut by a confidence threshold, so longer verification than recorded is censored "
+                     "(a lower bound); replay runs without --confidence-threshold.")
+    rows = [replay(prompts, rule, temperatures, costs) for rule in rules_for(block, has_logits, temperatures is not None)]
+    return block, rows, notes
+
+
+def recommend(rows: list[Row], kinds: Sequence[str] = VLLM_RULES) -> Row | None:
+    """The row vLLM can deploy (a fixed verify length, or an uncalibrated survival threshold; `kinds` narrows it)
+    with the highest predicted tokens/s; None without a cost table."""
+    usable = [row for row in rows if row.tokens_per_s is not None and row.rule.kind in kinds
+              and not row.rule.calibrated]
+    return max(usable, key=lambda row: row.tokens_per_s, default=None)
+
+
+def speculative_fields(row: Row, block_size: int) -> dict:
+    """The `vllm serve --speculative-config` fields of a recommendation: a fixed k drafts k tokens; a survival
+    threshold drafts the block and verifies the positions whose survival >= X (dspark_confidence_threshold)."""
+    if row.rule.kind == "fixed":
+        return {"num_speculative_tokens": int(row.rule.value)}
+    return {"num_speculative_tokens": block_size, "dspark_confidence_threshold": row.rule.value}
+
+
+def read_costs(path: Path) -> dict[int, float]:
+    """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
+    shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
+    from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
+    from dspark_cli.runtime.decode.run_file import read_bounded_text
+
+    text = read_bounded_text(Path(path), MAX_COSTS_BYTES, "verify-cost table")
+    try:
+        doc = parse_json_text(text, str(path), "give the JSON of `dspark bench verify`")
+    except CheckpointError as error:
+        raise DsparkError(error.message) from None
+    tokens = doc.get("tokens") if isinstance(doc, dict) else None
+    ms = doc.get("ms") if isinstance(doc, dict) else None
+    good = (isinstance(tokens, list) and isinstance(ms, list) and tokens and len(tokens) == len(ms)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in tokens)
+            and len(set(tokens)) == len(tokens)
+            and all(isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m > 0 for m in ms))
+    if not good:
+        raise DsparkError(f"{path} needs 'tokens' (distinct integers >= 1) and 'ms' (one time above 0 per entry) "
+                          "lists of the same length, as `dspark bench verify --json` writes.")
+    return dict(zip(tokens, (float(m) for m in ms)))
+
+
+@dataclass
+class Plan:
+    runs: list[str]
+    block_size: int
+    rows: list[Row]
+    recommended: Row | None
+    costs_source: str | None
+    calibration_source: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        fields = None if self.recommended is None else speculative_fields(self.recommended, self.block_size)
+        return {"format": PLAN_FORMAT, "runs": self.runs, "block_size": self.block_size,
+                "costs": self.costs_source, "calibration": self.calibration_source,
+                "recommended": None if self.recommended is None else self.recommended.to_dict(),
+                "best_fixed": _row_dict(recommend(self.rows, ("fixed",))),
+                "best_threshold": _row_dict(recommend(self.rows, ("survival",))),
+                "speculative_config": fields, "rows": [row.to_dict() for row in self.rows], "notes": self.notes}
+
+
+def _row_dict(row: Row | None) -> dict | None:
+    return None if row is None else row.to_dict()
+
+
+def read_plan_fields(path: Path) -> dict:
+    """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
+    from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
+    from dspark_cli.runtime.decode.run_file import read_bounded_text
+
+    text = read_bounded_text(Path(path), 64 * 1024 * 1024, "plan file")
+    try:
+        doc = parse_json_text(text, str(path), "give a file written by `dspark plan -o`")
+    except CheckpointError as error:
+        raise DsparkError(error.message) from None
+    fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False
+    if fields is None:
+        raise DsparkError(f"{path} recommends nothing (it was planned without a verify-cost table); run `dspark "
+                          "plan` with --costs.")
+    if not isinstance(fields, dict) or set(fields) - {"num_speculative_tokens", "dspark_confidence_threshold"}:
+        raise DsparkError(f"{path} is not a plan of `dspark plan -o` ({PLAN_FORMAT}); give one.")
+    k = fields.get("num_speculative_tokens")
+    x = fields.get("dspark_confidence_threshold")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise DsparkError(f"{path}: speculative_config.num_speculative_tokens must be an integer >= 1, not {k!r}.")
+    if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1):
+        raise DsparkError(f"{path}: speculative_config.dspark_confidence_threshold must be in (0, 1], not {x!r}.")
+    return fields

@@ -1,0 +1,196 @@
+"""`dspark calibrate`: Sequential Temperature Scaling fitted on the survival, left to right, scored on held-out
+prompts; the file SGLang and TensorRT-LLM read; `--calibration` in generate and eval changes confidences, never
+the output."""
+
+import json
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.decode import calibration as sts
+from dspark_cli.runtime.decode import evaluation as ev
+from dspark_cli.runtime.decode.metrics import expected_calibration_error
+
+runner = CliRunner()
+
+
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def _synthetic(count=3000, block=4, seed=0, scale=2.5, bias=0.5):
+    """Rounds whose true per-slot acceptance is sigmoid(z_j), while the head says scale * z_j + bias
+    (over-confident): the right temperatures are far from 1."""
+    rng = random.Random(seed)
+    data = sts.Rounds([], [], [])
+    for _ in range(count):
+        z = [rng.gauss(1.0 - 0.3 * j, 1.2) for j in range(block)]
+        accepted = 0
+        while accepted < block and rng.random() < _sigmoid(z[accepted]):
+            accepted += 1
+        data.logits.append([scale * v + bias for v in z])
+        data.verified.append(block)
+        data.accepted.append(accepted)
+    return data
+
+
+def _reference_fit(data, block):
+    """The paper's objective written out by hand: position by position, the grid temperature whose survival ECE
+    (earlier positions fixed) is lowest, ties to the one closest to 1."""
+    temperatures, survival = [], [1.0] * len(data)
+    for j in range(block):
+        rows = [i for i in range(len(data)) if data.verified[i] > j]
+        outcomes = [data.accepted[i] > j for i in rows]
+
+        def error(t):
+            return expected_calibration_error([survival[i] * _sigmoid(data.logits[i][j] / t) for i in rows], outcomes)
+
+        best = min(sts.temperature_grid(), key=lambda t: (error(t), abs(math.log(t))))
+        temperatures.append(best)
+        survival = [s * _sigmoid(data.logits[i][j] / best) for i, s in enumerate(survival)]
+    return temperatures
+
+
+def test_fit_minimises_the_survival_ece_left_to_right():
+    data = _synthetic(count=800, block=3)
+    fitted = sts.fit_sts(data, 3)
+    assert fitted == pytest.approx(_reference_fit(data, 3), rel=1e-12)
+    assert all(t > 1.5 for t in fitted)  # the head is over-confident: every temperature softens it
+
+
+def test_survival_and_per_slot_objectives_differ_and_the_survival_one_wins():
+    """A head whose per-slot confidences are calibrated only on average (c_1 is right overall but its errors
+    correlate with c_0): the per-slot fit leaves the survival miscalibrated, STS on the survival does not."""
+    data = sts.Rounds([], [], [])
+    rng = random.Random(1)
+    for _ in range(4000):
+        easy = rng.random() < 0.5
+        c0, p1 = (0.9, 0.5) if easy else (0.3, 1.0)  # P(position 1 accepted | position 0 accepted)
+        accepted = 0
+        if rng.random() < c0:
+            accepted = 1 + (rng.random() < p1)
+        data.logits.append([math.log(c0 / (1 - c0)), math.log(0.9 / 0.1)])
+        data.verified.append(2)
+        data.accepted.append(accepted)
+    fitted = sts.fit_sts(data, 2)
+    after = sts.survival_calibration(data, fitted, 2)
+    before = sts.survival_calibration(data, [1.0, 1.0], 2)
+    assert after[1].ece < 0.5 * before[1].ece
+    assert fitted[0] == pytest.approx(1.0, rel=0.05)  # position 0 was calibrated already
+
+
+def test_held_out_ece_falls_and_the_split_is_by_prompt():
+    keys = [("s", i, f"p{i}") for i in range(20)]
+    fit, held = sts.split_prompts(keys, 0.3, 0)
+    assert len(held) == 6 and not fit & held and fit | held == set(keys)
+    assert sts.split_prompts(list(reversed(keys)), 0.3, 0) == (fit, held)  # the order of the runs does not matter
+    with pytest.raises(DsparkError, match="at least 2 prompts"):
+        sts.split_prompts(keys[:1])
+    data = _synthetic()
+    fitting = sts.Rounds(data.logits[:2000], data.verified[:2000], data.accepted[:2000])
+    held_out = sts.Rounds(data.logits[2000:], data.verified[2000:], data.accepted[2000:])
+    temperatures = sts.fit_sts(fitting, 4)
+    before = sts.survival_calibration(held_out, [1.0] * 4, 4)
+    after = sts.survival_calibration(held_out, temperatures, 4)
+    for j in range(4):
+        assert after[j].ece < before[j].ece, j
+        assert after[j].auroc == pytest.approx(before[j].auroc, abs=0.02)  # a temperature mostly keeps the ranking
+
+
+def test_only_verified_positions_are_pairs():
+    data = sts.Rounds([[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]], verified=[1, 3], accepted=[1, 0])
+    per_position = sts.survival_calibration(data, [1.0] * 3, 3)
+    assert [c.count for c in per_position] == [2, 1, 1]
+    with pytest.raises(DsparkError, match="position 2 of the block was never verified"):
+        sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2)
+
+
+def test_temperature_files_of_both_engines_load_and_bad_ones_are_one_sentence(tmp_path):
+    path = tmp_path / "sts.json"
+    path.write_text(json.dumps({"sts_temperatures": [1.5, 2]}))  # TensorRT-LLM's spelling
+    assert sts.load_temperatures(path) == [1.5, 2.0]
+    path.write_text(json.dumps({"temperatures": [0.5], "dataset": "x"}))  # SGLang's
+    assert sts.load_temperatures(path) == [0.5]
+    for bad in ({"temperatures": [1.0, 0.0]}, {"temperatures": []}, {"temperatures": ["1"]}, [1.0], {"t": [1]},
+                {"temperatures": [1.0, True]}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(DsparkError, match="needs a 'temperatures' list of numbers above 0"):
+            sts.load_temperatures(path)
+    path.write_text('{"temperatures": [1.0, NaN]}')
+    with pytest.raises(DsparkError, match="above 0"):
+        sts.load_temperatures(path)
+    with pytest.raises(DsparkError, match="has 1 temperatures but the block has 3"):
+        sts.check_temperatures([1.0], 3, "f.json")
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """Two small eval runs of the demo pair, one per shipped set."""
+    folder = tmp_path_factory.mktemp("runs")
+    paths = []
+    for prompt_set in ev.SHIPPED_SETS:
+        path = folder / f"{prompt_set.stem}.json"
+        result = runner.invoke(app, ["eval", "--data", str(prompt_set), "--limit", "6", "--max-new-tokens", "24",
+                                     "--json", str(path)])
+        assert result.exit_code == 0, result.output
+        paths.append(path)
+    return paths
+
+
+def test_calibrate_writes_the_engine_file_and_refuses_to_overwrite(demo_runs, tmp_path):
+    out = tmp_path / "sts.json"
+    result = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert len(doc["temperatures"]) == 7 and doc["temperatures"] == doc["sts_temperatures"]
+    assert all(t > 0 for t in doc["temperatures"])
+    assert len(doc["ece_before"]) == len(doc["ece_after"]) == 7 and doc["dataset"] == "eval_code,eval_prose"
+    assert doc["num_samples"] > 0 and doc["holdout"]["heldout_prompts"] == 4  # 30% of 12 prompts
+    assert "held-out" in result.output and "T_j" in result.output
+    again = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(out)])
+    assert again.exit_code == 2 and "--force" in again.output
+    over = runner.invoke(app, ["calibrate", str(demo_runs[0]), "-o", str(demo_runs[0]), "--force"])
+    assert over.exit_code == 2 and "run file" in over.output
+
+
+def test_calibration_changes_confidences_never_tokens(demo_runs, tmp_path):
+    table = tmp_path / "sts.json"
+    table.write_text(json.dumps({"temperatures": [2.0] * 7}))
+    args = ["--data", str(ev.SHIPPED_SETS[0]), "--limit", "2", "--max-new-tokens", "16", "--confidence-threshold",
+            "0.5"]
+    plain, calibrated = tmp_path / "a.json", tmp_path / "b.json"
+    assert runner.invoke(app, ["eval", *args, "--json", str(plain)]).exit_code == 0
+    result = runner.invoke(app, ["eval", *args, "--json", str(calibrated), "--calibration", str(table)])
+    assert result.exit_code == 0, result.output
+    a, b = json.loads(plain.read_text()), json.loads(calibrated.read_text())
+    assert [r["tokens"] for r in a["results"]] == [r["tokens"] for r in b["results"]]
+    assert b["settings"]["calibration"] == {"path": str(table), "temperatures": [2.0] * 7}
+    round_ = b["results"][0]["rounds"][0]
+    assert round_["confidences"] == pytest.approx([_sigmoid(x / 2.0) for x in round_["confidence_logits"]], rel=1e-5)
+    assert [r["proposed"] for r in a["results"][0]["rounds"]] != [r["proposed"] for r in b["results"][0]["rounds"]]
+    conflict = runner.invoke(app, ["eval", "--resume", str(calibrated), "--calibration", str(tmp_path / "c.json")])
+    assert conflict.exit_code == 2 and "drop --calibration" in conflict.output
+
+
+def test_generate_takes_the_calibration_and_keeps_its_tokens(tmp_path):
+    table = tmp_path / "sts.json"
+    table.write_text(json.dumps({"sts_temperatures": [0.5] * 7}))
+    docs = []
+    for extra in ([], ["--calibration", str(table)]):
+        out = tmp_path / f"g{len(extra)}.json"
+        result = runner.invoke(app, ["generate", "def f(x):", "--max-new-tokens", "16", "--confidence-threshold",
+                                     "0.6", "--json", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(out.read_text()))
+    plain, calibrated = docs
+    assert plain["prompts"][0]["tokens"] == calibrated["prompts"][0]["tokens"]
+    first = calibrated["rounds"][0][0]
+    assert first["confidences"] == pytest.approx([_sigmoid(x / 0.5) for x in first["confidence_logits"]], rel=1e-5)
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"temperatures": [1.0, 1.0]}))
+    refused = runner.invoke(app, ["generate", "x", "--calibration", str(short)])
+    assert refused.exit_code == 2 and "has 2 temperatures but the block has 7 positions" in refused.output
