@@ -152,7 +152,7 @@ def planned_proposals(monkeypatch, reference: list[int], block_size: int) -> lis
     def backbone(drafter, context, anchor, n_draft):
         return context.length, n_draft  # ("hidden", "base"): the anchor's position and the block size
 
-    def markov(drafter, position, n_draft, anchor, generator):
+    def markov(drafter, position, n_draft, anchor, generator, temperatures=None):
         tokens = list(reference[position + 1 : position + 1 + n_draft])
         tokens += [3] * (n_draft - len(tokens))
         wrong = len(rounds) % (n_draft + 1)

@@ -13,7 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from dspark_cli.cli import options, render
-from dspark_cli.errors import Terminated
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
@@ -67,7 +66,7 @@ def eval_command(
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
                                        "the others (a prompt on each rank) before the run fails."),
 ) -> None:
-    from dspark_cli.errors import EXIT_TERMINATED, DsparkError, Terminated
+    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
     from dspark_cli.runtime import distributed
 
     if not dist_timeout > 0:

@@ -1,8 +1,9 @@
-"""bench/: the library half of `dspark bench markov`.
+"""bench/: the library half of `dspark bench markov` and `dspark bench verify`.
 
 - run.py       `run_bench`: checks, then every configuration timed (`BenchConfig`, heads from a checkpoint or random)
 - inputs.py    configurations, heads, random inputs, the memory check
 - walks.py     the Markov strategies of decode/markov.py as timed callables, the reference walk, the token check
 - timer.py     the interleaved timer (rotated rounds, spread limit), CUDA graphs
 - report.py    rows, bandwidth bounds, the report, the latency chart;  lineplot.py: a dependency-free PNG chart
+- verify.py    `dspark bench verify`: the target's score pass timed for t = 1..T tokens (the table `dspark plan` reads)
 """

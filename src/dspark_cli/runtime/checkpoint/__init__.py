@@ -4,6 +4,8 @@
                JSON reader (`open_checkpoint`, `read_target_config`, `parse_json_text`, `CheckpointError`)
 - config.py    `DraftConfig`: every config key and its vLLM resolution order; other draft formats mapped onto it
 - layout.py    the tensor schema: names, aliases, the tensors a config implies, the Linear layers vLLM builds
+- families/    one `Family` per draft family (qwen3.py, gemma4.py): its tensors, key resolution and vLLM rules
+- heads.py     the Markov head types (vanilla, gated, rnn) and the tensors each adds
 - rules/       `validate_checkpoint` -> `Report` of findings (what `dspark validate` prints)
 - files.py     safe output for every command: input-overlap guard, output checks, atomic files and folders
 - paths.py     refuse paths the native safetensors / tokenizers readers cannot open

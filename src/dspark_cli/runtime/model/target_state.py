@@ -62,11 +62,6 @@ def build_cache(model: nn.Module):
                       f"dspark drafts for {supported_names()} and attention-only causal LMs.")
 
 
-def _supports_default_cache(model: nn.Module) -> bool:
-    check = getattr(type(model), "_supports_default_dynamic_cache", None)
-    return True if check is None else bool(check())
-
-
 def _minimax_cache(text_config):
     """MiniMaxCache whose length questions go to its first full-attention layer.
 
