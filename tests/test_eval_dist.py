@@ -6,66 +6,24 @@ separate working folders as on two nodes)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import ranks
 
 from dspark_cli.runtime.decode import evaluation as ev
+from dspark_cli.runtime.decode.run_file import ROUND_TIMES
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 TIMEOUT_S = 240
 TIMES = ("ttft_s", "total_s")
-ROUND_TIMES = ("draft_backbone", "markov", "verify", "other")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def _eval_args(data: str, out: str, *extra: str, limit: int = 6, tokens: int = 16) -> list[str]:
     return ["-m", "dspark_cli", "eval", "--data", data, "--limit", str(limit), "--max-new-tokens", str(tokens),
             "--device", "cpu", "--dist-timeout", "60", "--json", out, *extra]
-
-
-def _run(args: list[str], processes: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    command = [sys.executable, *(launcher if processes > 1 else []), *args]
-    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_ranks(folders: list[Path], args: list[str]) -> list[subprocess.Popen]:
-    port = str(_free_port())
-    return [subprocess.Popen([sys.executable, *args], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=_env(RANK=str(rank), WORLD_SIZE=str(len(folders)), LOCAL_RANK="0",
-                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-            for rank, folder in enumerate(folders)]
-
-
-def _finish(processes: list[subprocess.Popen]) -> list[tuple[int, str]]:
-    results = []
-    for process in processes:
-        try:
-            _, stderr = process.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            raise AssertionError("a rank hung instead of stopping") from None
-        results.append((process.returncode, stderr))
-    return results
 
 
 def _by_prompt(path: Path) -> dict:
@@ -92,7 +50,7 @@ def _assert_same_prompts(one: dict, many: dict) -> None:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("one") / "run.json"
-    result = _run(_eval_args(str(ev.SHIPPED_SETS[0]), str(out)), 1)
+    result = ranks.run(_eval_args(str(ev.SHIPPED_SETS[0]), str(out)), 1, TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -107,7 +65,7 @@ def test_prompts_are_shared_without_overlap_or_loss():
 
 def test_two_processes_give_the_one_process_run(one_process, tmp_path):
     out = tmp_path / "run.json"
-    result = _run(_eval_args(str(ev.SHIPPED_SETS[0]), str(out)), 2)
+    result = ranks.run(_eval_args(str(ev.SHIPPED_SETS[0]), str(out)), 2, TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("τ per prompt set") == 1  # rank 0 alone prints the table
     _assert_same_prompts(_by_prompt(one_process), _by_prompt(out))
@@ -120,7 +78,7 @@ def test_interrupted_two_process_run_resumes_in_one(one_process, tmp_path):
     for folder in folders:
         folder.mkdir()
     data = str(ev.SHIPPED_SETS[0])
-    processes = _start_ranks(folders, _eval_args(data, "run.json"))
+    processes = ranks.start_ranks(folders, _eval_args(data, "run.json"))
     run_file = folders[0] / "run.json"
     deadline = time.monotonic() + TIMEOUT_S
     finished = 0
@@ -134,7 +92,7 @@ def test_interrupted_two_process_run_resumes_in_one(one_process, tmp_path):
         time.sleep(0.01)
     for process in processes:
         process.send_signal(signal.SIGINT)  # Ctrl-C in a terminal reaches every process of the job
-    results = _finish(processes)
+    results = ranks.finish(processes, TIMEOUT_S)
     for code, stderr in results:
         assert "Traceback" not in stderr, stderr
     assert results[0][0] == 130 and "finished prompts are saved in run.json" in results[0][1], results[0][1]
@@ -142,7 +100,8 @@ def test_interrupted_two_process_run_resumes_in_one(one_process, tmp_path):
     assert not (folders[1] / "run.json").exists()  # rank 1 writes nothing
     kept = len(json.loads(run_file.read_text())["results"])
     assert 2 <= kept < 6
-    resumed = _run(["-m", "dspark_cli", "eval", "--resume", "run.json", "--dist-timeout", "60"], 1, cwd=folders[0])
+    resumed = ranks.run(["-m", "dspark_cli", "eval", "--resume", "run.json", "--dist-timeout", "60"], 1, TIMEOUT_S,
+                        cwd=folders[0])
     assert resumed.returncode == 0, resumed.stderr
     _assert_same_prompts(_by_prompt(one_process), _by_prompt(run_file))
 
@@ -152,7 +111,8 @@ def test_a_failure_on_rank_1_stops_both_ranks(tmp_path):
     for folder in folders:
         folder.mkdir()
     shutil.copy(ev.SHIPPED_SETS[0], folders[0] / "set.jsonl")  # rank 1's node lacks the prompt set
-    (code0, stderr0), (code1, stderr1) = _finish(_start_ranks(folders, _eval_args("set.jsonl", "run.json")))
+    (code0, stderr0), (code1, stderr1) = ranks.finish(
+        ranks.start_ranks(folders, _eval_args("set.jsonl", "run.json")), TIMEOUT_S)
     assert (code0, code1) == (2, 2), (stderr0, stderr1)
     errors1 = [line for line in stderr1.splitlines() if line.startswith("error:")]
     assert len(errors1) == 1 and errors1[0].startswith("error: rank 1 of 2: cannot read the prompt set set.jsonl")

@@ -8,23 +8,19 @@ nodes with their own disks would be (relative paths then differ between the rank
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
 from safetensors.torch import load_file
 from test_train import tiny_pair  # noqa: F401 - the tiny target + data fixture
 
 from dspark_cli.runtime.train.trainer import latest_checkpoint
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 16  # the interrupted run must still be running when rank 0 writes checkpoint-2
 BLOCKS = 3 * 6  # batch x anchors: every row of the global batch is trained once per step
 OPTIONS = ["--layers", "1", "--block-size", "4", "--markov-rank", "8", "--batch-size", "3", "--seq-len", "32",
@@ -33,52 +29,13 @@ OPTIONS = ["--layers", "1", "--block-size", "4", "--markov-rank", "8", "--batch-
 TIMEOUT_S = 180
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
-
-
 def _train_args(target: Path, data: Path | str, out: Path | str, *extra: str, steps: int = STEPS) -> list[str]:
     return ["-m", "dspark_cli", "train", "--target", str(target), "--data", str(data), "-o", str(out),
             "--steps", str(steps), *OPTIONS, *extra]
 
 
-def _run(args: list[str], processes: int) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    command = [sys.executable, *(launcher if processes > 1 else []), *args]
-    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
 def _log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_ranks(folders: list[Path], args: list[str]) -> list[subprocess.Popen]:
-    """One `dspark train` per rank, each in its own working folder (as on separate nodes), joined over TCP."""
-    port = str(_free_port())
-    return [subprocess.Popen([sys.executable, *args], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=_env(RANK=str(rank), WORLD_SIZE=str(len(folders)), LOCAL_RANK="0",
-                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-            for rank, folder in enumerate(folders)]
-
-
-def _finish(processes: list[subprocess.Popen]) -> list[tuple[int, str]]:
-    results = []
-    for process in processes:
-        try:
-            _, stderr = process.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            raise AssertionError("a rank hung instead of stopping") from None
-        results.append((process.returncode, stderr))
-    return results
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -107,7 +64,8 @@ BF16 = {"rtol": 2 ** -7, "atol": 1e-5}
 def one_process(tiny_pair, tmp_path_factory) -> Path:  # noqa: F811
     """The reference: the same training in one process."""
     out = tmp_path_factory.mktemp("one") / "out"
-    result = _run(_train_args(tiny_pair[0], tiny_pair[1], out, "--log-jsonl", str(out.parent / "log.jsonl")), 1)
+    args = _train_args(tiny_pair[0], tiny_pair[1], out, "--log-jsonl", str(out.parent / "log.jsonl"))
+    result = ranks.run(args, 1, TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -116,7 +74,8 @@ def test_two_processes_train_like_one(tmp_path, tiny_pair, one_process):  # noqa
     """torchrun with 2 processes: the same loss trajectory (every row once per step) and the same weights as one
     process with the same global batch of 3 (1 + 2 rows: the shares differ); rank 0 alone prints and writes."""
     out = tmp_path / "out"
-    result = _run(_train_args(tiny_pair[0], tiny_pair[1], out, "--log-jsonl", str(tmp_path / "log.jsonl")), 2)
+    result = ranks.run(_train_args(tiny_pair[0], tiny_pair[1], out, "--log-jsonl", str(tmp_path / "log.jsonl")), 2,
+                       TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("training tokens") == 1 and result.stdout.count("draft written to") == 1, \
         result.stdout
@@ -139,14 +98,14 @@ def test_interrupted_two_process_run_resumes_in_one(tmp_path, tiny_pair, one_pro
     folders = [tmp_path / "node0", tmp_path / "node1"]
     for folder in folders:
         folder.mkdir()
-    processes = _start_ranks(folders, _train_args(tiny_pair[0], tiny_pair[1], "out", steps=STEPS))
+    processes = ranks.start_ranks(folders, _train_args(tiny_pair[0], tiny_pair[1], "out", steps=STEPS))
     checkpoint = folders[0] / "out" / "checkpoint-2" / "trainer_state.json"
     deadline = time.monotonic() + TIMEOUT_S
     while not checkpoint.exists() and time.monotonic() < deadline and processes[0].poll() is None:
         time.sleep(0.01)
     for process in processes:
         process.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does to every process of the job
-    results = _finish(processes)
+    results = ranks.finish(processes, TIMEOUT_S)
     assert checkpoint.exists(), results[0][1]
     for code, stderr in results:
         assert code != 0 and "Traceback" not in stderr, stderr
@@ -155,8 +114,8 @@ def test_interrupted_two_process_run_resumes_in_one(tmp_path, tiny_pair, one_pro
     out = folders[0] / "out"
     resume_from = latest_checkpoint(out)
     start = int(resume_from.name.removeprefix("checkpoint-"))
-    result = _run(_train_args(tiny_pair[0], tiny_pair[1], out, "--resume", str(resume_from), "--log-jsonl",
-                              str(tmp_path / "log.jsonl")), 1)
+    result = ranks.run(_train_args(tiny_pair[0], tiny_pair[1], out, "--resume", str(resume_from), "--log-jsonl",
+                                   str(tmp_path / "log.jsonl")), 1, TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     reference = [r for r in _log(one_process.parent / "log.jsonl") if r["step"] > start]
     _assert_same_trajectory(reference, _log(tmp_path / "log.jsonl"), rtol=1e-4)
@@ -171,7 +130,7 @@ def test_a_failure_on_rank_1_stops_both_ranks(tmp_path, tiny_pair):  # noqa: F81
     for folder in folders:
         folder.mkdir()
     shutil.copytree(tiny_pair[1], folders[0] / "data")
-    results = _finish(_start_ranks(folders, _train_args(tiny_pair[0], "data", "out")))
+    results = ranks.finish(ranks.start_ranks(folders, _train_args(tiny_pair[0], "data", "out")), TIMEOUT_S)
     (code0, stderr0), (code1, stderr1) = results
     assert (code0, code1) == (2, 2), results
     assert _error_lines(stderr1) == ["error: rank 1 of 2: data: no such file or folder; pass text files, JSONL "
@@ -223,7 +182,7 @@ def test_ranks_share_rows_and_agree_on_failures(tmp_path):
     """The collective helpers on 2 gloo processes: the batch rows are shared without overlap or loss, differing
     runs are refused, and a failure on rank 1 in the middle of training (a bad input, a crash) stops both ranks at
     the same collective with the failing rank named and its exit code, after which collectives still line up."""
-    processes = _start_ranks([tmp_path, tmp_path], ["-c", AGREEMENT])
+    processes = ranks.start_ranks([tmp_path, tmp_path], ["-c", AGREEMENT])
     outputs = []
     for process in processes:
         stdout, stderr = process.communicate(timeout=TIMEOUT_S)
