@@ -231,21 +231,23 @@ class _Loop:
     tokens: list[int]
     committed_total: int  # before trimming to max_new_tokens
     stopped: bool
-    rounds: list[tuple[int, int, int, int, list[float] | None]] = field(default_factory=list)
-    confidence_logits: list[list[float] | None] = field(default_factory=list)  # per round: the head's raw logits
+    # per round: (proposed, accepted, emitted, drafted, confidences, the confidence head's raw logits)
+    rounds: list[tuple[int, int, int, int, list[float] | None, list[float] | None]] = field(default_factory=list)
 
 
 def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_scored: int,
-           confidences: list[float] | None, stops: set[int], max_new_tokens: int) -> list[int]:
+           confidences: list[float] | None, logits: list[float] | None, stops: set[int], max_new_tokens: int
+           ) -> list[int]:
     """Append the round's committed tokens (accepted prefix + next token, or up to an accepted stop token,
-    DeepSpec's rule) and its (proposed, accepted, emitted, drafted, confidences). -> the new output tokens."""
+    DeepSpec's rule) and its (proposed, accepted, emitted, drafted, confidences, raw confidence logits).
+    -> the new output tokens."""
     stop_at = next((j for j, token in enumerate(drafted[:accepted]) if token in stops), None)
     if stop_at is not None:  # an accepted stop token ends the round and generation
         committed = drafted[: stop_at + 1]
-        loop.rounds.append((stop_at + 1, stop_at + 1, stop_at + 1, len(drafted), confidences))
+        loop.rounds.append((stop_at + 1, stop_at + 1, stop_at + 1, len(drafted), confidences, logits))
     else:
         committed = drafted[:accepted] + [next_token]
-        loop.rounds.append((n_scored, accepted, accepted + 1, len(drafted), confidences))
+        loop.rounds.append((n_scored, accepted, accepted + 1, len(drafted), confidences, logits))
     new = committed[: max_new_tokens - len(loop.tokens)]
     loop.tokens += new
     loop.committed_total += len(committed)
@@ -253,12 +255,12 @@ def commit(loop: _Loop, drafted: list[int], accepted: int, next_token: int, n_sc
     return new
 
 
-def _record(counts: tuple[int, int, int, int, list[float] | None], logits: list[float] | None) -> RoundRecord:
-    """The RoundRecord of a finished round from its (proposed, accepted, emitted, drafted, confidences) and raw
-    confidence logits; confidences are kept as the head gave them, even NaN from a broken head (set after the range
-    check: the report says why they cannot be scored, metrics.calibration_problem)."""
-    *sizes, confidences = counts
-    record = RoundRecord(*sizes)
+def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidences: list[float] | None,
+            logits: list[float] | None) -> RoundRecord:
+    """The RoundRecord of a finished round, with the confidence head's raw logits; confidences are kept as the head
+    gave them, even NaN from a broken head (set after the range check: the report says why they cannot be scored,
+    metrics.calibration_problem)."""
+    record = RoundRecord(proposed, accepted, emitted, drafted)
     record.confidences = confidences
     record.confidence_logits = logits
     return record
@@ -350,8 +352,8 @@ def speculative_generate(
         with timer.section("accept"):
             accepted, next_token = accept_block(proposal, drafted[:n_scored], logits, params, generator)
         with timer.section("commit"):
-            new = commit(loop, drafted, accepted, next_token, n_scored, confidences, stops, max_new_tokens)
-            loop.confidence_logits.append(raw)
+            new = commit(loop, drafted, accepted, next_token, n_scored, confidences, raw, stops,
+                         max_new_tokens)
             if on_tokens is not None and new:
                 on_tokens(new)
         if not loop.stopped and loop.committed_total < limit:
@@ -361,7 +363,7 @@ def speculative_generate(
                 advance(draft, context, features, accepted)
             loop.anchor = next_token
 
-    rounds = [_record(counts, raw) for counts, raw in zip(loop.rounds, loop.confidence_logits, strict=True)]
+    rounds = [_record(*counts) for counts in loop.rounds]
     stats = GenerationStats(len(prompt), len(loop.tokens), ttft_s, timer.now() - timer.started, rounds, timer.rounds)
     return GenerationResult(loop.tokens, stats, loop.tokens[-1] in stops)
 
