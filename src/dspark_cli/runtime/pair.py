@@ -291,8 +291,8 @@ class Pair:
         require_utf8_path(draft, "--draft")
         ckpt = open_checkpoint(draft)  # headers only
         target_config = read_target_config(target)
-        check_target_files(target)  # config values and weight headers: one sentence before any weight is read
-        family = family_of_target(target)  # DsparkError: a state dspark cannot roll back
+        built = check_target_files(target)  # config values and weight headers: one sentence before any weight is read
+        family = family_of_target(built)  # DsparkError: a state dspark cannot roll back
         check = check_pair(ckpt, target_config, block_size, draft_topk)
         if family is not None and not family.block_scoring:
             check.warnings.append(one_at_a_time_warning(family))

@@ -36,8 +36,9 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def check_target_files(source: str | Path, config: bool = True) -> None:
+def check_target_files(source: str | Path, config: bool = True):
     """The target's config.json and safetensors headers, before any weight is read: one sentence naming the file.
+    -> the PretrainedConfig transformers built (None with config=False).
 
     A local folder's weight headers go through the same reader as a draft's (truncated files, files that are not
     safetensors, headers whose offsets do not fit the file or the shapes); then transformers must be able to build
@@ -52,11 +53,11 @@ def check_target_files(source: str | Path, config: bool = True) -> None:
             open_checkpoint(folder)  # CheckpointError (one sentence, the file named) for broken weight files
     if not config:
         _check_config_values(folder / "config.json" if folder.is_dir() else Path(str(source)), source)
-        return
+        return None
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(str(source), trust_remote_code=False)
+        return AutoConfig.from_pretrained(str(source), trust_remote_code=False)
     except Exception as error:  # transformers raises many types for a bad value; each is bad input here
         where = folder / "config.json" if folder.is_dir() else source
         raise DsparkError(f"the target's config.json ({where}) cannot be built by transformers: "

@@ -256,16 +256,11 @@ def _state_layer_types(config) -> set[str]:
             if isinstance(layer, LinearAttentionCacheLayerMixin)}
 
 
-def family_of_target(source: str) -> Family | None:
-    """stateful_family of the target at `source` (folder or hub id) from its config.json alone, before any weight
-    is read; None when transformers cannot read that config (loading the target then reports the problem)."""
-    from transformers import AutoConfig
+def family_of_target(config) -> Family | None:
+    """stateful_family of a target from its config (the PretrainedConfig of its config.json), before any weight is
+    read."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-    except Exception:  # noqa: BLE001 - any unreadable config is the loader's to report, in its own words
-        return None
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     return stateful_family(config, model_class)
 

@@ -31,18 +31,10 @@ def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
     """The target's tokenizer and its text model's config as a dict (the whole config.json for a text-only model;
     `text_config` for a multimodal one such as every released Qwen3.5 or a Gemma-4 with vision, which
     AutoModelForCausalLM loads as its text model), without loading its weights."""
-    from transformers import AutoConfig
-
-    check_target_files(path)  # config values and weight headers, one sentence naming the file
-    tokenizer = load_target_tokenizer(path)
-    try:
-        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False).to_dict()
-    except (OSError, ValueError, KeyError) as error:
-        raise DsparkError(f"cannot load the target {path}: {error}. --target takes a Hugging Face causal LM folder "
-                          "or hub id with its tokenizer.") from error
     from dspark_cli.runtime.train.new_draft import text_config
 
-    return tokenizer, text_config(config)
+    config = check_target_files(path)  # config values and weight headers, one sentence naming the file
+    return load_target_tokenizer(path), text_config(config.to_dict())
 
 
 def load_target_model(path: str | Path, device: torch.device):
