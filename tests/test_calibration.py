@@ -90,6 +90,12 @@ def test_held_out_ece_falls_and_the_split_is_by_prompt():
     assert sts.split_prompts(list(reversed(keys)), 0.3, 0) == (fit, held)  # the order of the runs does not matter
     with pytest.raises(DsparkError, match="at least 2 prompts"):
         sts.split_prompts(keys[:1])
+    mixed = keys + [("t", i, f"q{i}") for i in range(10)]
+    fit, held = sts.split_prompts(mixed, 0.3, 0)
+    assert [sum(k[0] == name for k in held) for name in "st"] == [6, 3]  # each set held out in proportion
+    assert not fit & held and fit | held == set(mixed)
+    fit, held = sts.split_prompts([("a", 0, "x"), ("b", 0, "y")], 0.3, 0)  # sets of one prompt: still one held out
+    assert len(held) == 1 and len(fit) == 1
     data = _synthetic()
     fitting = sts.Rounds(data.logits[:2000], data.verified[:2000], data.accepted[:2000])
     held_out = sts.Rounds(data.logits[2000:], data.verified[2000:], data.accepted[2000:])
@@ -99,6 +105,16 @@ def test_held_out_ece_falls_and_the_split_is_by_prompt():
     for j in range(4):
         assert after[j].ece < before[j].ece, j
         assert after[j].auroc == pytest.approx(before[j].auroc, abs=0.02)  # a temperature mostly keeps the ranking
+
+
+def test_ece_floor_is_what_a_calibrated_head_scores_on_that_many_pairs():
+    assert sts.ece_floor([0.5] * 400) == pytest.approx(math.sqrt(0.25 / 400) * math.sqrt(2 / math.pi), rel=0.08)
+    rng = random.Random(3)
+    predicted = [rng.random() for _ in range(600)]
+    scored = [expected_calibration_error(predicted, [rng.random() < p for p in predicted]) for _ in range(300)]
+    assert sts.ece_floor(predicted) == pytest.approx(sum(scored) / len(scored), rel=0.1)
+    assert sts.ece_floor(predicted * 16) < 0.3 * sts.ece_floor(predicted)  # 16x the pairs: about a quarter
+    assert sts.ece_floor([]) is None
 
 
 def test_only_verified_positions_are_pairs():
@@ -150,7 +166,12 @@ def test_calibrate_writes_the_engine_file_and_refuses_to_overwrite(demo_runs, tm
     assert all(t > 0 for t in doc["temperatures"])
     assert len(doc["ece_before"]) == len(doc["ece_after"]) == 7 and doc["dataset"] == "eval_code,eval_prose"
     assert doc["num_samples"] > 0 and doc["holdout"]["heldout_prompts"] == 4  # 30% of 12 prompts
-    assert "held-out" in result.output and "T_j" in result.output
+    assert "held-out" in result.output and "T_j" in result.output and "ECE floor" in result.output
+    floors = doc["holdout"]["ece_floor"]
+    assert len(floors) == 7 and all(0 < f < 1 for f in floors)
+    rose = [j for j, (b, a) in enumerate(zip(doc["ece_before"], doc["ece_after"])) if a > b]
+    assert rose  # 8 fitting prompts: some position's temperature does not carry over
+    assert f"rose at position(s) {', '.join(map(str, rose))} " in " ".join(doc["notes"])
     again = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
     over = runner.invoke(app, ["calibrate", str(demo_runs[0]), "-o", str(demo_runs[0]), "--force"])

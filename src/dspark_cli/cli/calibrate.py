@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
 def calibrate(
     runs: list[Path] = typer.Argument(..., metavar="RUN.json...", help="Run files of `dspark eval --json`."),
     out: Path = typer.Option(..., "--output", "-o", metavar="FILE", help="The STS file to write."),
-    holdout: float = typer.Option(0.3, "--holdout", min=0.01, max=0.99, help="Fraction of the prompts held out "
-                                  "to score the fit (split by prompt, seeded)."),
+    holdout: float = typer.Option(0.3, "--holdout", min=0.01, max=0.99, help="Fraction of each prompt set's "
+                                  "prompts held out to score the fit (split by prompt, seeded)."),
     seed: options.seed("Seed of the held-out split") = 0,
     force: options.force("Replace FILE if it exists.") = False,
     json_path: options.json_path("the fit and its held-out scores") = None,
@@ -65,9 +65,13 @@ def _table(result) -> Table:
     table = Table(title=f"STS on {result.fit_prompts} prompts ({result.fit_rounds} rounds); scores of the survival "
                         f"on {result.heldout_prompts} held-out prompts, before → after", title_justify="left",
                   padding=(0, 1))
-    for column in ("j", "T_j", "pairs", "ECE", "AUROC", "Brier"):
+    for column in ("j", "T_j", "pairs", "ECE", "ECE floor", "AUROC", "Brier"):
         table.add_column(column, justify="right")
-    for j, (t, before, after) in enumerate(zip(result.temperatures, result.before, result.after, strict=True)):
-        table.add_row(str(j), f"{t:.3f}", str(after.count), f"{_n(before.ece)} → {_n(after.ece)}",
+    rows = zip(result.temperatures, result.before, result.after, result.floor, strict=True)
+    for j, (t, before, after, floor) in enumerate(rows):
+        table.add_row(str(j), f"{t:.3f}", str(after.count), f"{_n(before.ece)} → {_n(after.ece)}", _n(floor),
                       f"{_n(before.auroc)} → {_n(after.auroc)}", f"{_n(before.brier)} → {_n(after.brier)}")
+    table.caption = ("ECE floor: the ECE a perfectly calibrated head would show on these held-out pairs "
+                     "(finite samples); an ECE near it is as calibrated as the pairs can tell.")
+    table.caption_justify = "left"
     return table

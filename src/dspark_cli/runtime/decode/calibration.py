@@ -11,9 +11,11 @@ sigmoid(l_j / T) against "accepted > j" over the verified (round, j) pairs, with
 is a grid (GRID_SIZE temperatures log-spaced over [GRID_LOW, GRID_HIGH]); ties go to the temperature closest to 1.
 ECE uses metrics.expected_calibration_error's ECE_BINS equal-width bins, the same ECE `dspark eval` prints.
 
-Prompts, not rounds, are split into a fitting part and a held-out part (HOLDOUT_FRACTION, a seeded shuffle of the
-prompt keys): rounds of one prompt are correlated, so scores on held-out rounds of fitted prompts would flatter the
-fit. The written ece_before / ece_after are the held-out ECEs of the survival per position.
+Prompts, not rounds, are split into a fitting part and a held-out part (HOLDOUT_FRACTION of each prompt set, a
+seeded shuffle of its prompt keys): rounds of one prompt are correlated, so scores on held-out rounds of fitted
+prompts would flatter the fit. The written ece_before / ece_after are the held-out ECEs of the survival per
+position, and ece_floor the ECE a perfectly calibrated head would show on those held-out pairs (finite samples keep
+ECE above 0).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ GRID_LOW, GRID_HIGH, GRID_SIZE = 0.1, 10.0, 121  # ratio 10^(1/60) ≈ 1.039 bet
 HOLDOUT_FRACTION = 0.3
 SPLIT_SEED = 0
 MAX_STS_BYTES = 1024 * 1024
+FLOOR_DRAWS, FLOOR_SEED = 200, 0
 
 
 @dataclass
@@ -52,10 +55,13 @@ class StsResult:
     temperatures: list[float]
     before: list[Calibration]  # held-out survival calibration per position, T = 1
     after: list[Calibration]  # the same with the fitted temperatures
+    floor: list[float | None]  # per position: ece_floor of the held-out survivals with the fitted temperatures
     fit_rounds: int
     fit_prompts: int
     heldout_prompts: int
     dataset: str
+    fraction: float  # the held-out share of each prompt set
+    seed: int  # of the split
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -73,9 +79,11 @@ class StsResult:
             "objective": "ECE of the survival prod_{i<=j} sigmoid(logit_i / T_i), position by position",
             "grid": {"low": GRID_LOW, "high": GRID_HIGH, "size": GRID_SIZE, "spacing": "log"},
             "ece_bins": ECE_BINS,
-            "holdout": {"fraction": HOLDOUT_FRACTION, "seed": SPLIT_SEED, "by": "prompt",
+            "holdout": {"fraction": self.fraction, "seed": self.seed, "by": "prompt", "stratified_by": "prompt set",
                         "fit_prompts": self.fit_prompts, "heldout_prompts": self.heldout_prompts,
-                        "before": [vars(c) for c in self.before], "after": [vars(c) for c in self.after]},
+                        "before": [vars(c) for c in self.before], "after": [vars(c) for c in self.after],
+                        "ece_floor": self.floor, "ece_floor_draws": FLOOR_DRAWS},
+            "notes": self.notes,
         }
 
 
@@ -117,8 +125,10 @@ def _ece(predicted, outcome):
     return gap.abs().sum() / len(predicted)
 
 
-def survival_calibration(rounds: Rounds, temperatures: Sequence[float], block_size: int) -> list[Calibration]:
-    """Per position j: the survival prod_{i<=j} sigmoid(l_i / T_i) against "accepted > j", verified pairs only."""
+def survival_pairs(rounds: Rounds, temperatures: Sequence[float], block_size: int
+                   ) -> list[tuple[list[float], list[bool]]]:
+    """Per position j: (the survivals prod_{i<=j} sigmoid(l_i / T_i), the outcomes "accepted > j"), verified pairs
+    only."""
     pairs: list[tuple[list[float], list[bool]]] = [([], []) for _ in range(block_size)]
     for logits, verified, accepted in zip(rounds.logits, rounds.verified, rounds.accepted, strict=True):
         survival = 1.0
@@ -126,7 +136,29 @@ def survival_calibration(rounds: Rounds, temperatures: Sequence[float], block_si
             survival *= _sigmoid(logits[j] / temperatures[j])
             pairs[j][0].append(survival)
             pairs[j][1].append(accepted > j)
-    return [calibration(predicted, outcomes) for predicted, outcomes in pairs]
+    return pairs
+
+
+def survival_calibration(rounds: Rounds, temperatures: Sequence[float], block_size: int) -> list[Calibration]:
+    """Per position: the calibration scores of survival_pairs."""
+    return [calibration(predicted, outcomes) for predicted, outcomes in survival_pairs(rounds, temperatures,
+                                                                                      block_size)]
+
+
+def ece_floor(predicted: Sequence[float], draws: int = FLOOR_DRAWS, seed: int = FLOOR_SEED) -> float | None:
+    """The ECE that a perfectly calibrated head with these predictions shows on this many pairs, on average: the
+    outcomes drawn as Bernoulli(p) `draws` times (seeded), the ECE of each draw averaged. Finite samples put an ECE
+    this high on even a perfect head, so an ECE near it is as calibrated as the pairs can tell. None without pairs."""
+    import torch
+
+    if not predicted:
+        return None
+    p = torch.tensor(predicted, dtype=torch.float64)  # [n]
+    generator = torch.Generator().manual_seed(seed)
+    outcomes = (torch.rand((draws, len(p)), generator=generator, dtype=torch.float64) < p).double()  # [draws, n]
+    bins = (p * ECE_BINS).long().clamp(max=ECE_BINS - 1)  # [n]
+    gaps = torch.zeros(draws, ECE_BINS, dtype=torch.float64).index_add_(1, bins, p - outcomes)  # [draws, B]
+    return float((gaps.abs().sum(dim=1) / len(p)).mean())
 
 
 def _sigmoid(x: float) -> float:
@@ -135,15 +167,28 @@ def _sigmoid(x: float) -> float:
 
 def split_prompts(keys: list[tuple], fraction: float = HOLDOUT_FRACTION, seed: int = SPLIT_SEED
                   ) -> tuple[set[tuple], set[tuple]]:
-    """(fitting keys, held-out keys): a seeded shuffle of the sorted prompt keys, the first round(fraction · n)
-    (at least 1) held out. DsparkError with fewer than 2 prompts."""
+    """(fitting keys, held-out keys), stratified by prompt set (key[0]): each set's sorted keys are shuffled by one
+    random.Random(seed) and its first round(fraction · n) are held out, at most n − 1, so both parts hold every set
+    in the same proportions (sets differ in acceptance, and a held-out part with another mix would score the fit on
+    other data). When that holds out nothing (sets of one prompt), one seeded prompt of all is. DsparkError with
+    fewer than 2 prompts."""
     ordered = sorted(set(keys))
     if len(ordered) < 2:
         raise DsparkError(f"calibration needs at least 2 prompts (some are held out to score the fit); the runs "
                           f"hold {len(ordered)}.")
-    random.Random(seed).shuffle(ordered)
-    held = max(1, min(len(ordered) - 1, round(fraction * len(ordered))))
-    return set(ordered[held:]), set(ordered[:held])
+    rng = random.Random(seed)
+    fit, held = set(), set()
+    for name in sorted({key[0] for key in ordered}):
+        members = [key for key in ordered if key[0] == name]
+        rng.shuffle(members)
+        count = min(len(members) - 1, round(fraction * len(members)))
+        held.update(members[:count])
+        fit.update(members[count:])
+    if not held:
+        moved = rng.choice(sorted(fit))
+        fit.discard(moved)
+        held.add(moved)
+    return fit, held
 
 
 def rounds_of(results, source: str) -> Rounds:
@@ -191,9 +236,25 @@ def fit_runs(runs: list, names: list[str], fraction: float = HOLDOUT_FRACTION, s
                      "outcome and are left out, which biases the fit; calibrate on runs without "
                      "--confidence-threshold.")
     sets = sorted({key[0] for key in by_prompt})
-    return StsResult(temperatures, survival_calibration(held, [1.0] * block, block),
-                     survival_calibration(held, temperatures, block), len(fitting), len(fit_keys), len(held_keys),
-                     ",".join(sets), notes)
+    calibrated = survival_pairs(held, temperatures, block)
+    before = survival_calibration(held, [1.0] * block, block)
+    after = [calibration(predicted, outcomes) for predicted, outcomes in calibrated]
+    floor = [ece_floor(predicted) for predicted, _ in calibrated]
+    notes += _rise_note(before, after, floor)
+    return StsResult(temperatures, before, after, floor, len(fitting), len(fit_keys), len(held_keys), ",".join(sets),
+                     fraction, seed, notes)
+
+
+def _rise_note(before: list[Calibration], after: list[Calibration], floor: list[float | None]) -> list[str]:
+    """A note naming the positions whose held-out ECE the fitted temperatures raised; none when none did."""
+    rose = [j for j, (b, a) in enumerate(zip(before, after)) if b.ece is not None and a.ece > b.ece]
+    if not rose:
+        return []
+    worst = max(rose, key=lambda j: after[j].ece - before[j].ece)
+    return [f"held-out ECE rose at position(s) {', '.join(map(str, rose))} (most at {worst}: "
+            f"{before[worst].ece:.3f} → {after[worst].ece:.3f}, floor {floor[worst]:.3f}): there the temperatures "
+            "fitted on these prompts do not carry over to unseen ones; fit on more prompts (hundreds per set) before "
+            "deploying this table."]
 
 
 def load_temperatures(path: Path) -> list[float]:
