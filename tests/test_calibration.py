@@ -172,6 +172,11 @@ def test_calibrate_writes_the_engine_file_and_refuses_to_overwrite(demo_runs, tm
     rose = [j for j, (b, a) in enumerate(zip(doc["ece_before"], doc["ece_after"])) if a > b]
     assert rose  # 8 fitting prompts: some position's temperature does not carry over
     assert f"rose at position(s) {', '.join(map(str, rose))} " in " ".join(doc["notes"])
+    other = tmp_path / "other.json"
+    result = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(other), "--holdout", "0.5", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    split = json.loads(other.read_text())["holdout"]
+    assert (split["fraction"], split["seed"], split["heldout_prompts"]) == (0.5, 3, 6)  # the split that was used
     again = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
     over = runner.invoke(app, ["calibrate", str(demo_runs[0]), "-o", str(demo_runs[0]), "--force"])
