@@ -173,7 +173,8 @@ def test_calibrate_writes_the_engine_file_and_refuses_to_overwrite(demo_runs, tm
     assert rose  # 8 fitting prompts: some position's temperature does not carry over
     assert f"rose at position(s) {', '.join(map(str, rose))} " in " ".join(doc["notes"])
     other = tmp_path / "other.json"
-    result = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(other), "--holdout", "0.5", "--seed", "3"])
+    result = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(other), "--holdout", "0.5",
+                                 "--seed", "3"])
     assert result.exit_code == 0, result.output
     split = json.loads(other.read_text())["holdout"]
     assert (split["fraction"], split["seed"], split["heldout_prompts"]) == (0.5, 3, 6)  # the split that was used
