@@ -6,7 +6,8 @@ Needs torch with CUDA, triton, typer and rich (not ModelOpt); dspark is imported
 1. Every Triton kernel against its torch twin at full size (V = Vd = 151936, r = 256, k = 64, N = 7,
    B = 1, 2, 4, 8, 16, 32): quantize_nvfp4 on CUDA vs CPU (bit-identical), dequantize_rows_triton,
    nvfp4_gathered_bias (plain and strided logit rows, and k = 4096), markov_walk_triton (bf16 and NVFP4 W2,
-   greedy and Gumbel, with and without d2t), and a CUDA-graph replay of the walk.
+   greedy and Gumbel, with and without d2t), a CUDA-graph replay of the walk, and the gated and RNN heads'
+   walks through nvfp4_gathered_bias (their latents u_k = head.step(...) instead of W1[prev]) against the torch twin.
 2. `dspark bench markov --device cuda --batch 1,8,32,128 --topk 64 --format bf16,nvfp4 --temperature 0,1` with
    --json and --plot into DIR, then the fused walk against the graphed per-position NVFP4 path and its lower bound.
 Prints everything; exit code 1 if any check failed.
@@ -36,8 +37,12 @@ from dspark_cli.kernels.markov import (  # noqa: E402
 )
 from dspark_cli.kernels.nvfp4 import dequantize_rows_nvfp4, dequantize_rows_triton, quantize_nvfp4  # noqa: E402
 from dspark_cli.runtime.bench.run import BenchConfig, capture_graph, check_tokens, make_inputs, random_heads  # noqa: E402
+from dspark_cli.runtime.decode.markov import markov_walk  # noqa: E402
+from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.model.heads import HEADS  # noqa: E402
 
 VOCAB, RANK, TOPK, BLOCK = 151936, 256, 64, 7
+HIDDEN = 4096  # the draft hidden size the gated / RNN heads read
 BATCHES = (1, 2, 4, 8, 16, 32)
 BENCH_TIMEOUT_S = 360
 failures: list[str] = []
@@ -120,6 +125,40 @@ def check_walk(heads: dict, gen: torch.Generator) -> None:
     report("markov_walk_triton in a CUDA graph: replay == eager", torch.equal(replay(), walk()))
 
 
+def check_head_walks(nvfp4_head, gen: torch.Generator, batches=(1, 8, 32), device: str = "cuda") -> None:
+    """Gated and RNN heads (random projections, bf16) walked with the NVFP4 gather kernel and with its torch twin
+    on the same inputs. Equal tokens pass when the logit rows agree to a bf16 step; at a first differing token the
+    two paths have the same prefix, so their rows must still agree and the two picks must be a near tie."""
+    for type_name in ("gated", "rnn"):
+        head = HEADS[type_name](1, 1, RANK, HIDDEN).to(device, torch.bfloat16)  # only its projections are used
+        weights = dataclasses.replace(nvfp4_head.weights, head=head)
+        for batch in batches:
+            for temperature in (0.0, 0.8):
+                x = make_inputs(nvfp4_head, batch, BLOCK, TOPK, temperature, gen)
+                hidden = torch.randn(batch, BLOCK, HIDDEN, generator=gen, device=device).bfloat16()  # [B, N, H]
+                params = SamplingParams(temperature=temperature)
+                ours, ref = (markov_walk("nvfp4", weights, x.base, x.first_prev, params, x.noise, TOPK,
+                                         triton=use_kernel, hidden=hidden) for use_kernel in (True, False))
+                name = f"{type_name} head walk, nvfp4 kernel vs twin, B={batch} T={temperature:g}"
+                report(name, *_walks_agree(ours, ref, x))
+
+
+def _walks_agree(ours, ref, x) -> tuple[bool, str]:
+    """(ok, detail) for two walks of the same inputs x (a head without d2t: tokens are draft ids)."""
+    finite = torch.isfinite(ref.logits)
+    if torch.equal(ours.tokens, ref.tokens):
+        same_rows = torch.equal(finite, torch.isfinite(ours.logits)) and within_one_bf16_step(ours.logits[finite],
+                                                                                              ref.logits[finite])
+        return same_rows, "tokens equal" + ("" if same_rows else ", logit rows differ")
+    b, i = (ours.tokens != ref.tokens).nonzero()[0].tolist()
+    row_ours, row_ref = ours.logits[b, i], ref.logits[b, i]
+    keep = torch.isfinite(row_ref)
+    score = row_ref if x.noise is None else row_ref / x.temperature + x.noise[b, i]  # what each pick maximised
+    near_tie = within_one_bf16_step(score[ours.tokens[b, i]], score[ref.tokens[b, i]])
+    ok = within_one_bf16_step(row_ours[keep], row_ref[keep]) and near_tie
+    return ok, f"tokens first differ at block {b} position {i}" + (" (a near tie)" if ok else "")
+
+
 def run_bench(out: Path) -> None:
     json_path, png_path = out / "bench_markov.json", out / "bench_markov.png"
     command = [sys.executable, "-m", "dspark_cli", "bench", "markov", "--device", "cuda", "--batch", "1,8,32,128",
@@ -178,6 +217,7 @@ def main() -> int:
         check_dequantize(weight, gen)
         check_gathered_bias(weight, gen)
         check_walk(heads, gen)
+        check_head_walks(heads["nvfp4"], gen)
     print(f"kernel checks: {time.perf_counter() - began:.0f} s", flush=True)
     del heads, weight
     torch.cuda.empty_cache()

@@ -204,6 +204,8 @@ def test_gated_and_rnn_heads_run_dense_topk_and_nvfp4_but_not_fused(tmp_path, he
     reference = markov_walk("topk", MarkovWeights(weights.w1, dequantize_nvfp4(packed, F32), None, weights.scale, None,
                                                   weights.head), base, first, greedy, draft_topk=8, hidden=hidden)
     assert torch.equal(walked.tokens, reference.tokens)  # the NVFP4 rows dequantized, same walk
+    kernel = markov_walk("nvfp4", nvfp4, base, first, greedy, draft_topk=8, hidden=hidden, triton=True)  # interpreter
+    assert torch.equal(kernel.tokens, walked.tokens) and torch.allclose(kernel.logits, walked.logits, atol=1e-5)
     with pytest.raises(ValueError, match="hidden states"):
         markov_walk("dense", weights, base, first, greedy)
 
