@@ -4,7 +4,8 @@
 
 Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
-drafting, training, metrics, validate), plus the per-context acceptance mutations.
+drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
+scale, calibration and the verify budget (E1-E7).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def m(id, what, file, edits, *tests):
 KNOWN = "test_known_values.py"
 ROUND = "test_round_acceptance.py"
 SWEEP = "test_trust_sweep.py"
+CALIBRATION = "test_calibration.py"
 MUTATIONS = [
     m("S1", "q over the target vocabulary without the request's top-k/top-p", "decode/speculative.py",
       [("probs = sampling.target_probs(logits, drafter.params)",
@@ -124,6 +126,26 @@ MUTATIONS = [
     m("O11", "atomic files claim the old file was kept when it was not", "checkpoint/files.py",
       [('state = "keeps its earlier content" if existed else "was not created"',
         'state = "keeps its earlier content"')], SWEEP),
+    # eval at scale, calibration and the verify budget
+    m("E1", "eval shards prompts with overlap", "decode/evaluation.py",
+      [("    return items[rank::world_size]", "    return items[rank:rank + len(items) // world_size + 1]")],
+      "test_eval_dist.py"),
+    m("E2", "STS fitted on the per-slot confidence instead of the survival", "decode/calibration.py",
+      [("_ece(survival[rows] * torch.sigmoid(", "_ece(torch.sigmoid(")], CALIBRATION),
+    m("E3", "replay counts a token past the verify length", "decode/replay.py",
+      [("    accepted = min(r.accepted, n)\n", "    accepted = min(r.accepted, n + 1)\n")], "test_replay.py"),
+    m("E4", "the held-out split ignores the prompt sets", "decode/calibration.py",
+      [("    for name in sorted({key[0] for key in ordered}):\n"
+        "        members = [key for key in ordered if key[0] == name]",
+        "    for name in [None]:\n        members = list(ordered)")], CALIBRATION),
+    m("E5", "the ECE floor averages signed gaps", "decode/calibration.py",
+      [("return float((gaps.abs().sum(dim=1)", "return float((gaps.sum(dim=1).abs()")], CALIBRATION),
+    m("E6", "the STS file records the default split, not the one used", "decode/calibration.py",
+      [('"fraction": self.fraction, "seed": self.seed', '"fraction": HOLDOUT_FRACTION, "seed": SPLIT_SEED')],
+      CALIBRATION),
+    m("E7", "the NVFP4 gather kernel drops the odd elements (gated / RNN latents)", "../kernels/markov.py",
+      [("dots = tl.sum(w_even * e_even[None, :] + w_odd * e_odd[None, :], axis=1)  # [BLOCK_T]",
+        "dots = tl.sum(w_even * e_even[None, :], axis=1)  # [BLOCK_T]")], "test_families.py"),
 ]
 
 
