@@ -54,7 +54,9 @@ def plan(
     if table is None:
         notes.append("no --costs table: tokens/s cannot be predicted, so nothing is recommended; measure one with "
                      "`dspark bench verify --target ... --json costs.json`.")
-    result = replay.Plan([str(p) for p in runs], block, rows, replay.recommend(rows),
+    recommended = replay.recommend(rows)
+    notes += replay.recommendation_notes(recommended, block)
+    result = replay.Plan([str(p) for p in runs], block, rows, recommended,
                          None if costs is None else str(costs), None if calibration is None else str(calibration),
                          notes)
     document = result.to_dict()

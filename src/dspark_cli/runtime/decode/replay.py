@@ -200,6 +200,17 @@ def recommend(rows: list[Row], kinds: Sequence[str] = VLLM_RULES) -> Row | None:
     return max(usable, key=lambda row: row.tokens_per_s, default=None)
 
 
+def recommendation_notes(row: Row | None, block_size: int) -> list[str]:
+    """A note when the recommendation is a fixed k below the recorded block: its τ is an estimate (see the module
+    docstring) that the deployed k-slot draft can miss, so it should be measured before it is served."""
+    if row is None or row.rule.kind != "fixed" or row.rule.value >= block_size:
+        return []
+    k = int(row.rule.value)
+    return [f"k = {k} replays the first {k} slots of the recorded {block_size}-slot blocks; served with "
+            f"num_speculative_tokens = {k}, the draft drafts {k}-slot blocks of its own, whose τ differs (on the demo "
+            f"pair 5% higher at k = 3); measure it with `dspark eval --block-size {k}` before deploying."]
+
+
 def speculative_fields(row: Row, block_size: int) -> dict:
     """The `vllm serve --speculative-config` fields of a recommendation: a fixed k drafts k tokens; a survival
     threshold drafts the block and verifies the positions whose survival >= X (dspark_confidence_threshold)."""
