@@ -3,6 +3,7 @@
 - read.py      open a local folder or hub id: config.json, safetensors headers, one tensor on demand; the one
                JSON reader (`open_checkpoint`, `read_target_config`, `parse_json_text`, `CheckpointError`)
 - config.py    `DraftConfig`: every config key and its vLLM resolution order; other draft formats mapped onto it
+- formats.py   the layouts by `DraftConfig.format` key and the names reports give them
 - layout.py    the tensor schema: names, aliases, the tensors a config implies, the Linear layers vLLM builds
 - families/    one `Family` per draft family (qwen3.py, gemma4.py): its tensors, key resolution and vLLM rules
 - heads.py     the Markov head types (vanilla, gated, rnn) and the tensors each adds

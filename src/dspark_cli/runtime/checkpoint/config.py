@@ -18,18 +18,6 @@ DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Mode
 OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel", "DSparkV41DraftModel"}
 DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
 
-# Checkpoint layouts (docs/formats-other.md §5), as `DraftConfig.format`.
-FORMAT_NAMES = {
-    "deepspec": "DeepSpec (Qwen3DSparkModel)",
-    "deepspec-gemma4": "DeepSpec Gemma-4 (Gemma4DSparkModel)",
-    "specforge": "SpecForge DSpark (DSparkDraftModel, fields under dflash_config)",
-    "speculators-dspark": "speculators DSpark (speculators_model_type 'dspark')",
-    "speculators-dflash": "speculators DFlash (speculators_model_type 'dflash')",
-    "dflash": "z-lab DFlash (no Markov head)",
-    "other-dspark": "DSpark of another model family",
-    "deepseek-v4": "DeepSeek-V4 DSpark drafter",
-    "unknown": "not a DSpark or DFlash draft",
-}
 # Keys SpecForge nests under dflash_config but vLLM reads only at the top level (docs/formats-other.md §2.5, §4).
 SPECFORGE_HOISTED_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
@@ -78,7 +66,7 @@ class DraftConfig:
     use_aux_hidden_state: bool
     num_target_layers: int | None
     dspark_draft_topk: int | None
-    format: str = "unknown"  # a key of FORMAT_NAMES
+    format: str = "unknown"  # a key of formats.FORMAT_NAMES
     vllm_config: dict[str, Any] = field(default_factory=dict)  # the config as vLLM sees it after its adapters
     nested_only: tuple[str, ...] = ()  # SPECFORGE_HOISTED_KEYS found only under dflash_config (vLLM misses them)
     # The draft family (checkpoint/families/) and the keys some families resolve differently (Gemma-4).
@@ -228,7 +216,7 @@ def resolve_block_size(raw: dict[str, Any]) -> Resolved:
 
 
 def detect_format(raw: dict[str, Any]) -> str:
-    """Which layout a config.json is in (docs/formats-other.md §5); a key of FORMAT_NAMES."""
+    """Which layout a config.json is in (docs/formats-other.md §5); a key of formats.FORMAT_NAMES."""
     speculators = raw.get("speculators_model_type")
     if speculators in ("dspark", "dflash"):
         return f"speculators-{speculators}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dspark_cli.runtime.checkpoint.config import FORMAT_NAMES
+from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
@@ -153,7 +153,7 @@ class SkippedCheck:
 @dataclass
 class Report:
     source: str
-    format: str  # a key of config.FORMAT_NAMES
+    format: str  # a key of formats.FORMAT_NAMES
     findings: list[Finding] = field(default_factory=list)
     skipped: list[SkippedCheck] = field(default_factory=list)
     resolved: dict[str, Any] = field(default_factory=dict)  # values as vLLM would resolve them

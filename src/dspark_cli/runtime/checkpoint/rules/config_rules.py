@@ -5,7 +5,8 @@ Preconditions: `draft_format` runs on every checkpoint; the other rules run only
 
 from __future__ import annotations
 
-from dspark_cli.runtime.checkpoint.config import FORMAT_NAMES, GEOMETRY_KEYS, MASK_TOKEN_KEYS
+from dspark_cli.runtime.checkpoint.config import GEOMETRY_KEYS, MASK_TOKEN_KEYS
+from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 from dspark_cli.runtime.checkpoint.families import FAMILIES
 from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES, VLLM_HEAD_TYPES
 from dspark_cli.runtime.checkpoint.rules.codes import Results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dspark_cli.runtime.checkpoint.config import FORMAT_NAMES
+from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2
 from dspark_cli.runtime.checkpoint.rules.context import RuleContext
 

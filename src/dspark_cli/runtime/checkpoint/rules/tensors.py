@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dspark_cli.runtime.checkpoint.read import TensorInfo
-from dspark_cli.runtime.checkpoint.config import FORMAT_NAMES, DraftConfig
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 from dspark_cli.runtime.checkpoint.layout import IGNORED_BY_VLLM, NVFP4_SUFFIXES, ExpectedTensor, canonical_name
 from dspark_cli.runtime.checkpoint.rules.codes import Results
 from dspark_cli.runtime.checkpoint.rules.context import RuleContext
