@@ -5,7 +5,7 @@
 Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
-scale, calibration and the verify budget (E1-E7).
+scale, calibration and the verify budget (E1-E9).
 """
 
 from __future__ import annotations
@@ -146,6 +146,10 @@ MUTATIONS = [
     m("E7", "the NVFP4 gather kernel drops the odd elements (gated / RNN latents)", "../kernels/markov.py",
       [("dots = tl.sum(w_even * e_even[None, :] + w_odd * e_odd[None, :], axis=1)  # [BLOCK_T]",
         "dots = tl.sum(w_even * e_even[None, :], axis=1)  # [BLOCK_T]")], "test_families.py"),
+    m("E8", "a replayed k competes with the measured run of block size k", "decode/replay.py",
+      [(" and not (row.rule.kind == \"fixed\" and row.rule.value in measured)]", "]")], "test_replay.py"),
+    m("E9", "measured runs of other prompts are accepted", "decode/replay.py",
+      [("    if keys != base_keys:\n", "    if False:\n")], "test_replay.py"),
 ]
 
 

@@ -1,6 +1,7 @@
 """`dspark plan`: the recorded rounds replayed for other verify lengths and thresholds (exact per round), against
 real runs of the demo pair; the cost table of `dspark bench verify`; `dspark serve --from-plan`."""
 
+import dataclasses
 import json
 
 import pytest
@@ -120,6 +121,29 @@ def test_replayed_tau_lies_within_the_real_runs_intervals(real_runs):
         assert replayed.censored_rounds == 0
     full = json.loads(real_runs["full"].read_text())["statistics"]["all"]
     assert by_label[f"verify k = {block}"].tau == pytest.approx(full["tau"])  # replaying the recorded rule
+
+
+def test_a_run_of_a_smaller_block_is_measured_and_stands_in_for_that_k(real_runs, tmp_path):
+    full, k3 = ev.EvalRun.load(real_runs["full"]), ev.EvalRun.load(real_runs["k3"])
+    costs = {t: (1.0 if t <= 4 else 50.0) for t in range(1, 9)}  # passes over more than 4 tokens are slow: k = 3 wins
+    block, rows, _ = replay.replay_runs([k3, full], costs)
+    assert block == 7
+    by_label = {row.rule.label: row for row in rows}
+    measured, replayed = by_label["block 3 (measured)"], by_label["verify k = 3"]
+    real = json.loads(real_runs["k3"].read_text())["statistics"]["all"]
+    assert measured.tau == pytest.approx(real["tau"]) and measured.tau != replayed.tau  # the run itself, not a replay
+    assert measured.rounds == sum(len(r.rounds) for r in k3.results)
+    best = replay.recommend(rows)
+    assert best is measured and replay.speculative_fields(best, block) == {"num_speculative_tokens": 3}
+    assert replay.recommendation_notes(best, block) == []  # measured: nothing left to check
+    slow = [dataclasses.replace(row, tokens_per_s=1.0) if row is measured else row for row in rows]
+    assert replay.recommend(slow).rule.label not in ("verify k = 3", "block 3 (measured)")  # no replay stands in
+    x05 = ev.EvalRun.load(real_runs["x05"])
+    with pytest.raises(DsparkError, match="block size 3 hold other prompts"):
+        replay.replay_runs([full, ev.EvalRun(k3.settings, k3.sets, k3.results[:-1])])
+    cut = ev.EvalRun({**x05.settings, "block_size": 3}, x05.sets, x05.results)
+    with pytest.raises(DsparkError, match="block size 3 cut verification with a confidence threshold"):
+        replay.replay_runs([full, cut])
 
 
 def test_bench_verify_then_plan_then_serve_from_plan(real_runs, tmp_path):

@@ -15,7 +15,8 @@ from dspark_cli.cli import options, render
 HELP = """Replay the rounds of `dspark eval --json` run files offline for every fixed verify length k = 1..N and a
 sweep of confidence thresholds (survival and per-slot rules, raw and, with --calibration, calibrated): tau, accepted
 and verified tokens per round, and with --costs (the table of `dspark bench verify`) the predicted tokens/s at batch
-1. Recommends k or a threshold and prints the matching `vllm serve --speculative-config` fields; `dspark serve
+1. Runs of a smaller --block-size on the same prompts are measured, not replayed, and stand in for that k.
+Recommends k or a threshold and prints the matching `vllm serve --speculative-config` fields; `dspark serve
 --from-plan FILE` takes them. Which figures are exact and which are estimates: docs/eval.md."""
 
 
@@ -25,7 +26,9 @@ def register(app: typer.Typer) -> None:
 
 @render.handle_errors
 def plan(
-    runs: list[Path] = typer.Argument(..., metavar="RUN.json...", help="Run files of `dspark eval --json`."),
+    runs: list[Path] = typer.Argument(..., metavar="RUN.json...", help="Run files of `dspark eval --json`: those "
+                                      "of the largest block size are replayed; runs of a smaller --block-size on "
+                                      "the same prompts add a measured row for that size."),
     costs: Optional[Path] = typer.Option(None, "--costs", metavar="COSTS.json", help="Milliseconds of a target "
                                          "pass over t tokens, t = 1..N+1 (`dspark bench verify --json`)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="Also replay the "
@@ -93,7 +96,7 @@ def _table(result) -> Table:
                   title_justify="left", padding=(0, 1))
     for column in ("rule", "τ", "95% CI", "accepted", "verified", "censored", "ms/round", "tok/s"):
         table.add_column(column, justify="left" if column == "rule" else "right")
-    shown = [row for row in result.rows if row.rule.kind == "fixed" or _shown_threshold(row.rule.value)
+    shown = [row for row in result.rows if row.rule.kind in ("fixed", "measured") or _shown_threshold(row.rule.value)
              or row is result.recommended]
     for row in shown:
         low, high = row.tau_ci

@@ -1,6 +1,6 @@
 """The verify budget from an eval run (`dspark plan`): the recorded rounds re-scored offline under other rules.
 
-    rows = replay_runs(runs, costs=read_costs(path), temperatures=load_temperatures(sts))
+    block, rows, notes = replay_runs(runs, costs=read_costs(path), temperatures=load_temperatures(sts))
     best = recommend(rows)                        # the row with the highest predicted tokens/s (vLLM's rules only)
 
 Every recorded round drafted N tokens and the target verified the first `proposed` of them, accepting `accepted`.
@@ -18,6 +18,10 @@ real run's rounds differ); a real `--block-size k` run (the draft's block attend
 drafts slightly different tokens than the first k slots of an N-slot one); and the predicted tokens/s, which adds the
 run's own draft, Markov and bookkeeping time per round to the cost of a target pass over n + 1 tokens (a measured
 table, `dspark bench verify`), at batch 1 with prefill left out.
+
+Runs of smaller block sizes on the same prompts, given beside the full-block ones, are not replayed but measured:
+each block size k gets a row "block k (measured)" with the run's own τ and, with a cost table, its tokens/s; it
+stands in for the replayed "verify k = k" row when the recommendation is chosen.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from dspark_cli.runtime.decode.speculative import scored_length
 PLAN_FORMAT = "dspark-plan/1"
 COSTS_FORMAT = "dspark-verify-costs/1"
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
-VLLM_RULES = ("fixed", "survival")  # what vLLM's speculative config can express: num_speculative_tokens, a survival cut
+VLLM_RULES = ("fixed", "measured", "survival")  # what vLLM's speculative config can express: num_speculative_tokens
+# (replayed or measured at that block size), a survival cut
 MAX_COSTS_BYTES = 1024 * 1024
 
 
@@ -73,19 +78,23 @@ def replay_round(r: Round, n: int) -> Outcome:
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str  # "fixed", "survival" or "per-slot"
-    value: float  # k for fixed, the threshold X otherwise
+    kind: str  # "fixed", "measured" (a run of block size k, as recorded), "survival" or "per-slot"
+    value: float  # k for fixed and measured, the threshold X otherwise
     calibrated: bool = False
 
     @property
     def label(self) -> str:
         if self.kind == "fixed":
             return f"verify k = {int(self.value)}"
+        if self.kind == "measured":
+            return f"block {int(self.value)} (measured)"
         return f"{self.kind} >= {self.value:g}" + (" (STS)" if self.calibrated else "")
 
     def verify_length(self, r: Round, temperatures: Sequence[float] | None) -> int:
         if self.kind == "fixed":
             return int(self.value)
+        if self.kind == "measured":
+            return r.verified
         temps = temperatures if self.calibrated else None
         confidences = [_sigmoid(l / (temps[j] if temps else 1.0)) for j, l in enumerate(r.logits)]
         return scored_length(confidences, self.value, self.kind)
@@ -163,13 +172,14 @@ def rules_for(block_size: int, has_logits: bool, calibrated: bool) -> list[Rule]
 
 def replay_runs(runs: list, costs: dict[int, float] | None = None,
                 temperatures: Sequence[float] | None = None) -> tuple[int, list[Row], list[str]]:
-    """(block size, one Row per rule, notes) over eval runs (evaluation.EvalRun) of one block size."""
-    blocks = {run.settings["block_size"] for run in runs}
-    if len(blocks) != 1:
-        raise DsparkError(f"the runs used different block sizes ({', '.join(map(str, sorted(blocks)))}); replay "
-                          "runs of one block size.")
-    block = blocks.pop()
-    prompts = [rounds_of_result(result) for run in runs for result in run.results]
+    """(block size, one Row per rule, notes) over eval runs (evaluation.EvalRun): the runs of the largest block size
+    are replayed; runs of each smaller block size on the same prompts give a measured row."""
+    by_block: dict[int, list] = {}
+    for run in runs:
+        by_block.setdefault(run.settings["block_size"], []).append(run)
+    block = max(by_block)
+    base = by_block.pop(block)
+    prompts = [rounds_of_result(result) for run in base for result in run.results]
     if not any(prompts):
         raise DsparkError("the runs hold no rounds to replay; run `dspark eval --json` on some prompts first.")
     has_logits = all(r.logits is not None for rounds in prompts for r in rounds)
@@ -185,18 +195,37 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
     if not has_logits:
         notes.append("the runs carry no raw confidence logits (no confidence head, or an older run file): only fixed "
                      "verify lengths are replayed.")
-    if any(run.settings.get("confidence_threshold") is not None for run in runs):
+    if any(run.settings.get("confidence_threshold") is not None for run in base):
         notes.append("the runs were cut by a confidence threshold, so longer verification than recorded is censored "
                      "(a lower bound); replay runs without --confidence-threshold.")
-    rows = [replay(prompts, rule, temperatures, costs) for rule in rules_for(block, has_logits, temperatures is not None)]
+    rules = rules_for(block, has_logits, temperatures is not None)
+    rows = [replay(prompts, rule, temperatures, costs) for rule in rules]
+    for k, measured in sorted(by_block.items()):
+        rows.append(replay(_measured_prompts(measured, base, k, block), Rule("measured", k), costs=costs))
     return block, rows, notes
 
 
+def _measured_prompts(measured: list, base: list, k: int, block: int) -> list[list[Round]]:
+    """The rounds of the block-k runs, checked to be fixed-block runs of the base runs' prompts."""
+    if any(run.settings.get("confidence_threshold") is not None for run in measured):
+        raise DsparkError(f"the runs of block size {k} cut verification with a confidence threshold; give runs of "
+                          f"`dspark eval --block-size {k}` without --confidence-threshold to measure block {k}.")
+    keys = {(r.set_name, r.index, r.prompt) for run in measured for r in run.results}
+    base_keys = {(r.set_name, r.index, r.prompt) for run in base for r in run.results}
+    if keys != base_keys:
+        raise DsparkError(f"the runs of block size {k} hold other prompts than the block-{block} runs "
+                          f"({len(keys)} against {len(base_keys)}, {len(keys ^ base_keys)} not in both); run "
+                          f"`dspark eval --block-size {k}` on the same prompt sets and settings.")
+    return [rounds_of_result(result) for run in measured for result in run.results]
+
+
 def recommend(rows: list[Row], kinds: Sequence[str] = VLLM_RULES) -> Row | None:
-    """The row vLLM can deploy (a fixed verify length, or an uncalibrated survival threshold; `kinds` narrows it)
-    with the highest predicted tokens/s; None without a cost table."""
+    """The row vLLM can deploy (a fixed verify length, a measured block size, or an uncalibrated survival threshold;
+    `kinds` narrows it) with the highest predicted tokens/s; a measured block k stands in for the replayed k. None
+    without a cost table."""
+    measured = {row.rule.value for row in rows if row.rule.kind == "measured"}
     usable = [row for row in rows if row.tokens_per_s is not None and row.rule.kind in kinds
-              and not row.rule.calibrated]
+              and not row.rule.calibrated and not (row.rule.kind == "fixed" and row.rule.value in measured)]
     return max(usable, key=lambda row: row.tokens_per_s, default=None)
 
 
@@ -208,13 +237,14 @@ def recommendation_notes(row: Row | None, block_size: int) -> list[str]:
     k = int(row.rule.value)
     return [f"k = {k} replays the first {k} slots of the recorded {block_size}-slot blocks; served with "
             f"num_speculative_tokens = {k}, the draft drafts {k}-slot blocks of its own, whose τ differs (on the demo "
-            f"pair 5% higher at k = 3); measure it with `dspark eval --block-size {k}` before deploying."]
+            f"pair 5% higher at k = 3); measure it: run `dspark eval --block-size {k}` on the same prompts and give "
+            "that run to `dspark plan` as well."]
 
 
 def speculative_fields(row: Row, block_size: int) -> dict:
-    """The `vllm serve --speculative-config` fields of a recommendation: a fixed k drafts k tokens; a survival
-    threshold drafts the block and verifies the positions whose survival >= X (dspark_confidence_threshold)."""
-    if row.rule.kind == "fixed":
+    """The `vllm serve --speculative-config` fields of a recommendation: a fixed or measured k drafts k tokens; a
+    survival threshold drafts the block and verifies the positions whose survival >= X (dspark_confidence_threshold)."""
+    if row.rule.kind in ("fixed", "measured"):
         return {"num_speculative_tokens": int(row.rule.value)}
     return {"num_speculative_tokens": block_size, "dspark_confidence_threshold": row.rule.value}
 
@@ -257,7 +287,7 @@ class Plan:
         return {"format": PLAN_FORMAT, "runs": self.runs, "block_size": self.block_size,
                 "costs": self.costs_source, "calibration": self.calibration_source,
                 "recommended": None if self.recommended is None else self.recommended.to_dict(),
-                "best_fixed": _row_dict(recommend(self.rows, ("fixed",))),
+                "best_fixed": _row_dict(recommend(self.rows, ("fixed", "measured"))),
                 "best_threshold": _row_dict(recommend(self.rows, ("survival",))),
                 "speculative_config": fields, "rows": [row.to_dict() for row in self.rows], "notes": self.notes}
 
