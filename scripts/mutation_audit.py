@@ -5,7 +5,7 @@
 Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
-scale, calibration and the verify budget (E1-E9).
+scale, calibration, the verify budget and run-file saving (E1-E12).
 """
 
 from __future__ import annotations
@@ -150,6 +150,13 @@ MUTATIONS = [
       [(" and not (row.rule.kind == \"fixed\" and row.rule.value in measured)]", "]")], "test_replay.py"),
     m("E9", "measured runs of other prompts are accepted", "decode/replay.py",
       [("    if keys != base_keys:\n", "    if False:\n")], "test_replay.py"),
+    m("E10", "a saved line is reused for a replaced result", "decode/evaluation.py",
+      [("and cache[same][0] is self.results[same]:", ":")], "test_eval.py"),
+    m("E11", "the run file is rewritten after every prompt whatever a save costs", "decode/evaluation.py",
+      [("        if time.perf_counter() - self.last_end >= SAVE_SPACING * self.last_cost:\n", "        if True:\n")],
+      "test_eval.py"),
+    m("E12", "an interrupted eval does not write what is unsaved", "../cli/eval.py",
+      [("        save.flush()  # what finished is kept whatever stopped the run\n", "")], "test_eval.py"),
 ]
 
 

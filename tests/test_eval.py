@@ -235,16 +235,59 @@ def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
 
     def save(self, path, statistics=None):
         calls.append(len(self.results))
-        if len(self.results) == 2 and statistics is None:
-            original(self, path)
-            raise KeyboardInterrupt  # Ctrl-C during the third prompt's bookkeeping
         original(self, path, statistics)
+        if calls == [1, 2]:
+            raise KeyboardInterrupt  # Ctrl-C during the second prompt's save
 
     monkeypatch.setattr(ev.EvalRun, "save", save)
     result = eval_cli("--data", str(ev.SHIPPED_SETS[1]), "--limit", "3", "--max-new-tokens", "8", "--json",
                       str(run_file))
-    assert result.exit_code == 130 and calls == [1, 2] and "--resume" in result.output
+    assert result.exit_code == 130 and "--resume" in result.output
+    assert calls == [1, 2, 2]  # the interrupted save is written again on the way out
     assert len(json.loads(run_file.read_text())["results"]) == 2  # nothing finished was lost
+
+
+def test_saves_encode_each_result_once_and_write_what_a_fresh_run_writes(tmp_path):
+    sets = [ev.PromptSet("s", "s.txt", [f"p{i}" for i in range(3)])]
+    run = ev.EvalRun({"block_size": 4}, sets, [_result("s", 0, "p0", [1, 2])])
+    run.save(tmp_path / "a.json")
+    run.results.append(_result("s", 1, "p1", [3]))
+    run.save(tmp_path / "b.json")
+    assert [r for r, _ in run.encoded] == run.results  # both lines cached
+    fresh = ev.EvalRun(run.settings, sets, list(run.results))
+    fresh.save(tmp_path / "c.json")
+    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "c.json").read_bytes()
+    run.results[0] = _result("s", 0, "p0", [0, 0, 0])  # a result replaced, not appended: encoded anew
+    run.save(tmp_path / "d.json")
+    assert [r["rounds"][0]["accepted"] for r in json.loads((tmp_path / "d.json").read_text())["results"]] == [0, 3]
+
+
+def test_the_saver_keeps_saving_under_a_twentieth_of_the_time(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(ev.time, "perf_counter", lambda: clock[0])
+    written = []
+    run = ev.EvalRun({"block_size": 4}, [])
+
+    def save(path):
+        written.append(len(run.results))
+        clock[0] += 2.0  # a save takes 2 s
+
+    monkeypatch.setattr(run, "save", save)
+    saver = ev.RunSaver(run, tmp_path / "run.json")
+    for i in range(4):
+        run.results.append(_result("s", i, f"p{i}", [1]))
+        saver()
+        clock[0] += 10.0  # a prompt takes 10 s; a save 2 s, so the next save waits 40 s after it
+    assert written == [1]  # saved at once, then waiting 40 s
+    saver()
+    assert written == [1, 4] and not saver.unsaved
+    saver.flush()
+    assert written == [1, 4]  # nothing unsaved: no write
+    run.results.append(_result("s", 4, "p4", [1]))
+    saver()
+    saver.flush()  # what the waiting left unsaved
+    assert written == [1, 4, 5]
+    ev.RunSaver(run, None)()  # no --json: never writes
 
 
 def test_compare_and_seeds_follow_the_prompt_index(tmp_path):

@@ -17,7 +17,7 @@ from dspark_cli.cli import options, render
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
 calibration in both definitions, and with --baseline the speedup. Without arguments: the shipped demo pair on its two
-shipped prompt sets, offline. --json saves the run after every prompt; --resume continues it. docs/eval.md."""
+shipped prompt sets, offline. --json saves the run as prompts finish; --resume continues it. docs/eval.md."""
 
 # The options that decide what a prompt produces: a resumed run must use the values stored in its file.
 RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
@@ -54,7 +54,7 @@ def eval_command(
     device: options.device() = "auto",
     dtype: options.dtype() = "auto",
     json_path: Optional[Path] = typer.Option(None, "--json", help="Run file: every number and every round, saved "
-                                             "atomically after each prompt."),
+                                             "atomically as prompts finish (and on Ctrl-C)."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="An earlier run file: print the τ difference "
                                            "with its 95% interval, and whether it is significant."),
@@ -149,17 +149,13 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
 
 
 def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console) -> None:
-    """Run the missing prompts (one process, or this rank's share), rank 0 saving after each; Ctrl-C keeps what
+    """Run the missing prompts (one process, or this rank's share), rank 0 saving as they finish; Ctrl-C keeps what
     finished and says how to resume."""
     from dspark_cli.errors import Terminated
     from dspark_cli.runtime.decode import evaluation as ev
 
     path = json_path if dist.is_main else None
-
-    def save(_result=None) -> None:
-        if path is not None:
-            run.save(path)
-
+    save = ev.RunSaver(run, path)
     try:
         if dist.enabled:
             pending = ev.pending_prompts(run, sets)
@@ -167,8 +163,10 @@ def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console)
             _run_shared(dist, run, sets, pending, session, save, out)
         else:
             _run_sets(run, sets, session, save, out)
-    except (KeyboardInterrupt, Terminated) as stop:
-        if path is not None and run.results and Path(path).is_file():  # render.handle_errors says what was kept
+    except BaseException as stop:
+        save.flush()  # what finished is kept whatever stopped the run
+        if (isinstance(stop, (KeyboardInterrupt, Terminated)) and path is not None and run.results
+                and Path(path).is_file()):  # render.handle_errors says what was kept
             stop.kept = (f"the {len(run.results)} finished prompts are saved in {path}; continue with `dspark eval "
                          f"--resume {path}` (with any number of processes)")
         raise
@@ -230,7 +228,7 @@ def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Co
 
 
 def _run_sets(run, sets, session, save, out: Console) -> None:
-    """Run the missing prompts of every set, one progress bar per set, saving after each prompt."""
+    """Run the missing prompts of every set, one progress bar per set, `save` after each prompt."""
     from dspark_cli.runtime.decode import evaluation as ev
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

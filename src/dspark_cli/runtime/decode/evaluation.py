@@ -2,8 +2,10 @@
 
     sets = [read_prompt_set(path, limit=8, seed=0) for path in paths]
     run = EvalRun(settings={...}, sets=sets)
+    save = RunSaver(run, path)                      # saves as prompts finish, under 5% of the time
     for prompt_set in sets:
-        run_set(run, prompt_set, generate_one, on_done=lambda result: run.save(path))
+        run_set(run, prompt_set, generate_one, on_done=save)
+    save.flush()
     rows = [set_statistics(run.results_of(s), block_size, max_new_tokens) for s in sets]
 
 The conventions follow DeepSpec's evaluator (docs/eval.md): the first turn of each JSONL record, `--limit` takes
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -37,6 +40,7 @@ from dspark_cli.runtime.decode.metrics import (
 
 SHIPPED_SETS = (DEMO_DIR / "eval_code.jsonl", DEMO_DIR / "eval_prose.jsonl")
 MAX_PROMPT_SET_BYTES = 1024**3
+SAVE_SPACING = 20  # RunSaver: at most 1/20 of the wall time spent saving
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20260501
 CONFIDENCE_LEVEL = 0.95
@@ -184,6 +188,8 @@ class EvalRun:
     settings: dict
     sets: list[PromptSet]
     results: list[PromptResult] = field(default_factory=list)
+    encoded: list[tuple[PromptResult, str]] = field(default_factory=list, init=False, repr=False, compare=False)
+    # (result, its JSON line) as of the last save
 
     def key(self, set_name: str, index: int, prompt: str) -> tuple[str, int, str]:
         return set_name, index, prompt
@@ -205,13 +211,27 @@ class EvalRun:
         return doc
 
     def save(self, path: Path, statistics: dict | None = None) -> None:
+        """Write the run file atomically, one result per line. A finished result never changes, so its line is
+        encoded once and reused by later saves (re-encoding every result at every save made a long run's saving
+        quadratic)."""
         from dspark_cli.runtime.checkpoint.files import atomic_write_text
 
         doc = self.to_dict(statistics)
-        results = doc.pop("results")
-        head = json.dumps(doc, separators=(",", ":"))[:-1]  # one result per line; the C encoder (no indent) is fast
-        body = ",\n".join(json.dumps(result, separators=(",", ":")) for result in results)
+        del doc["results"]
+        head = json.dumps(doc, separators=(",", ":"))[:-1]  # the C encoder (no indent) is fast
+        body = ",\n".join(self._encoded_results())
         atomic_write_text(Path(path), f'{head},\n"results":[\n{body}\n]}}\n')
+
+    def _encoded_results(self) -> list[str]:
+        """The JSON line of every result, from the cache where the results are the same objects in the same
+        order as at the last save (results are only appended), encoded anew from the first that is not."""
+        cache = self.encoded
+        same = 0
+        while same < min(len(cache), len(self.results)) and cache[same][0] is self.results[same]:
+            same += 1
+        del cache[same:]
+        cache += [(r, json.dumps(vars(r), separators=(",", ":"))) for r in self.results[same:]]
+        return [line for _, line in cache]
 
     @classmethod
     def load(cls, path: Path) -> "EvalRun":
@@ -232,6 +252,33 @@ class EvalRun:
 
 
 GenerateOne = Callable[[int, str], PromptResult]  # (index in set, prompt) -> its result
+
+
+class RunSaver:
+    """Saves a run file as prompts finish, keeping the time spent saving under 1 / SAVE_SPACING of the wall time:
+    after a save that took s seconds the next one waits until SAVE_SPACING · s have passed (a small run saves after
+    every prompt; a run file of hundreds of MB every few seconds). `flush` writes what is still unsaved (on Ctrl-C,
+    on a failure); a process killed outright loses at most the prompts of the last interval."""
+
+    def __init__(self, run: EvalRun, path: Path | None):
+        self.run, self.path = run, path
+        self.unsaved = False
+        self.last_cost = 0.0  # seconds the last save took
+        self.last_end = 0.0  # time.perf_counter() when it ended
+
+    def __call__(self, _result=None) -> None:
+        self.unsaved = True
+        if time.perf_counter() - self.last_end >= SAVE_SPACING * self.last_cost:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.path is None or not self.unsaved:
+            return
+        start = time.perf_counter()
+        self.run.save(self.path)
+        self.last_end = time.perf_counter()
+        self.last_cost = self.last_end - start
+        self.unsaved = False
 
 
 def run_set(run: EvalRun, prompt_set: PromptSet, generate_one: GenerateOne,
