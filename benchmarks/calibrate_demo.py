@@ -1,6 +1,7 @@
 """Calibrate the demo pair's confidence head at dataset scale and score STS on held-out prompts, over several splits.
 
     .venv/bin/python benchmarks/calibrate_demo.py [--prompts 512] [--max-new-tokens 128] [--procs 2] [--seeds 4]
+                                                  [--out DIR]      # keep the prompt set and run.json in DIR
     .venv/bin/python benchmarks/calibrate_demo.py --run RUN.json [--seeds 4]     # score an existing run only
 
 The shipped prompt sets hold 32 prompts, too few to fit or score a calibration (docs/eval.md). This builds a prompt
@@ -102,9 +103,14 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="eval processes (torchrun) when > 1")
     parser.add_argument("--seeds", type=int, default=4, help="held-out splits to fit and score")
     parser.add_argument("--run", type=Path, help="score this eval run file instead of running one")
+    parser.add_argument("--out", type=Path, help="keep the prompt set and the run file in this new folder")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dspark-calibrate-") as folder:
-        path = args.run or run_eval(Path(folder), args)
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"--out {args.out} exists and is not empty; give a new folder")
+    with tempfile.TemporaryDirectory(prefix="dspark-calibrate-") as scratch:
+        work = Path(scratch) if args.out is None else args.out
+        work.mkdir(parents=True, exist_ok=True)
+        path = args.run or run_eval(work, args)
         run = EvalRun.load(path)
         block = run.settings["block_size"]
         print(f"{len(run.results)} prompts, {sum(len(r.rounds) for r in run.results)} rounds, block {block}")
