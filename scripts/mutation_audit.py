@@ -5,7 +5,8 @@
 Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
-scale, calibration, the verify budget and run-file saving (E1-E12).
+scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
+heads (B1-B3).
 """
 
 from __future__ import annotations
@@ -157,6 +158,14 @@ MUTATIONS = [
       "test_eval.py"),
     m("E12", "an interrupted eval does not write what is unsaved", "../cli/eval.py",
       [("        save.flush()  # what finished is kept whatever stopped the run\n", "")], "test_eval.py"),
+    # bench markov with gated / RNN heads
+    m("B1", "the bench's token check scores a gated / RNN walk with W1[prev] instead of the head's latents",
+      "bench/walks.py", [("    if w.head is None:\n        return embeds\n", "    return embeds\n")], "test_bench.py"),
+    m("B2", "the bench's reference walk drops the head", "bench/walks.py",
+      [("    if w.head is not None:\n        strategy", "    if False:\n        strategy")], "test_bench.py"),
+    m("B3", "a gated / RNN head's projections are not counted in the weight bytes", "bench/report.py",
+      [("block * batch * r * head.weights.w1.element_size() + block * _projection_bytes(head)",
+        "block * batch * r * head.weights.w1.element_size()")], "test_bench.py"),
 ]
 
 

@@ -84,6 +84,54 @@ def test_every_method_agrees_in_bf16_up_to_rounding_near_ties(temperature):
             assert check.ok, (head.fmt, method, check.mismatch)
 
 
+HIDDEN = 24
+
+
+def head_typed(head_type: str, dtype: torch.dtype, fmt: str):
+    config = BenchConfig(formats=(fmt,), topks=(TOPK,), dtype=dtype, seed=1)
+    head = random_heads(config, VOCAB, VOCAB, RANK, head_type, HIDDEN)[fmt]
+    return replace(head, weights=replace(head.weights, scale=0.75))
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gated_and_rnn_heads_walk_every_method_but_fused_to_the_reference(head_type, fmt, temperature):
+    head = head_typed(head_type, torch.float32, fmt)
+    assert head.head_type == head_type and head.hidden_size == HIDDEN
+    x = inputs(head, temperature)
+    assert x.hidden.shape == (BATCH, BLOCK, HIDDEN)
+    reference = reference_walk(head.weights, x)
+    methods = ["dense", "topk"] + (["nvfp4"] if fmt == "nvfp4" else [])
+    for method in methods:
+        tokens = method_walk(method, head.weights, x)
+        assert torch.equal(tokens, reference), method
+        assert check_tokens(head.weights, x, tokens, reference).exact
+    if fmt == "nvfp4":
+        assert torch.equal(method_walk("nvfp4", head.weights, x, triton=True), reference)  # the kernel (interpreter)
+    vanilla = replace(head.weights, head=None)  # the same W1, W2 without the head: another walk
+    assert not torch.equal(reference_walk(vanilla, x), reference)
+    check = check_tokens(head.weights, x, reference_walk(vanilla, x), reference)
+    assert not check.ok  # the vanilla tokens are not the best along the head's latents
+
+
+def test_a_gated_head_bench_has_no_fused_rows_and_counts_its_projections(tmp_path):
+    out_json = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "markov", "--device", "cpu", "--vocab", "256", "--rank", "16",
+                                 "--head-type", "gated", "--hidden", "32", "--block", "3", "--batch", "2", "--topk",
+                                 "8", "--temperature", "0", "--reps", "1", "--warmup", "0", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out_json.read_text())
+    assert (doc["head_type"], doc["hidden_size"], doc["tokens_ok"]) == ("gated", 32, True)
+    assert {r["method"] for r in doc["rows"]} == {"dense", "select", "topk", "nvfp4"}
+    assert "gated head H=32" in " ".join(result.output.split())
+    vanilla = head_typed("gated", torch.bfloat16, "bf16")
+    plain = replace(vanilla, weights=replace(vanilla.weights, head=None))
+    projections = (HIDDEN + RANK) * RANK * 2 + RANK * 2  # gate_proj weight and bias, bf16
+    assert weight_bytes("topk", vanilla, 2, BLOCK, TOPK) - weight_bytes("topk", plain, 2, BLOCK, TOPK) == \
+        BLOCK * projections
+
+
 def test_the_walk_depends_on_the_previous_token():
     """Guards the test inputs: the Markov bias must change picks, or a walk that ignores W1 would pass."""
     head = heads(torch.float32, VOCAB, formats=("bf16",))["bf16"]
@@ -208,10 +256,27 @@ def test_bench_command_from_a_checkpoint(tmp_path, spec):
     assert {r["format"] for r in doc["rows"]} == {"bf16", "nvfp4"}
 
 
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+def test_bench_command_from_a_gated_or_rnn_checkpoint(tmp_path, spec, head_type):
+    draft = write_draft(tmp_path / "draft", spec.with_(markov_head_type=head_type))
+    out_json = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--block", "2",
+                                 "--batch", "2", "--topk", "8", "--temperature", "0,1", "--reps", "1", "--warmup", "0",
+                                 "--format", "bf16", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out_json.read_text())
+    assert (doc["head_type"], doc["hidden_size"], doc["tokens_ok"]) == (head_type, spec.hidden_size, True)
+    assert f"{head_type} head over hidden size {spec.hidden_size}" in doc["source"]
+    assert "fused" not in {r["method"] for r in doc["rows"]}
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--draft", "somewhere", "--vocab", "100"], "--draft takes the shapes"),
+        (["--draft", "somewhere", "--head-type", "gated"], "--draft takes the shapes and the head type"),
+        (["--vocab", "64", "--rank", "16", "--head-type", "lstm"], "--head-type must be one of vanilla, gated, rnn"),
+        (["--vocab", "64", "--rank", "16", "--hidden", "64"], "--hidden sizes the hidden states"),
         (["--vocab", "64", "--rank", "16", "--topk", "100"], "exceeds the draft vocabulary"),
         (["--vocab", "64", "--rank", "24"], "multiple of 16"),
         (["--vocab", "64", "--rank", "16", "--format", "fp8"], "--format takes"),

@@ -20,6 +20,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark 
 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
+DEFAULT_HIDDEN = 4096  # random gated / RNN heads (runtime/bench/inputs.py uses the same default)
 TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
 
 
@@ -41,6 +42,10 @@ def markov(
     draft_vocab: int = typer.Option(None, "--draft-vocab", min=1, help="Random weights: draft vocabulary Vd; Vd < V "
                                     "adds a d2t map (default V)."),
     rank: int = typer.Option(None, "--rank", min=1, help=f"Random weights: Markov rank r (default {DEFAULT_RANK})."),
+    head_type: str = typer.Option(None, "--head-type", help="Random weights: Markov head type, vanilla, gated or "
+                                  "rnn (default vanilla)."),
+    hidden: int = typer.Option(None, "--hidden", min=1, help=f"Random weights: the hidden size a gated / RNN head "
+                               f"reads (default {DEFAULT_HIDDEN})."),
     block: int = typer.Option(7, "--block", min=1, help="Positions N per draft step."),
     batch: str = typer.Option(None, "--batch", help="Batch sizes (default 1,8,32,128 on CUDA, 1,8 on CPU)."),
     topk: str = typer.Option("16,64,256", "--topk", help="Candidates k per position."),
@@ -56,7 +61,8 @@ def markov(
     json_out: options.json_path("the results (the tables then go to stderr)") = None,
     plot: Path = typer.Option(None, "--plot", help="Write a PNG of latency against batch size to FILE."),
 ) -> None:
-    """Time the sequential Markov stage: dense, top-k bf16, top-k NVFP4 and the fused walk.
+    """Time the sequential Markov stage: dense, top-k bf16, top-k NVFP4 and the fused walk (vanilla heads; gated
+    and RNN heads run the first three).
 
     Every method is first checked to emit the reference walk's tokens (greedy, and with the same Gumbel
     noise); exit code 1 if one does not.
@@ -81,12 +87,17 @@ def markov(
         seed=seed,
     )
     if draft is not None:
-        if vocab or draft_vocab or rank:
-            raise DsparkError("--draft takes the shapes from the checkpoint; drop --vocab/--draft-vocab/--rank.")
+        if vocab or draft_vocab or rank or head_type or hidden:
+            raise DsparkError("--draft takes the shapes and the head type from the checkpoint; drop "
+                              "--vocab/--draft-vocab/--rank/--head-type/--hidden.")
         heads = checkpoint_heads(config, draft)
     else:
         vocab = vocab or DEFAULT_VOCAB
-        heads = random_heads(config, vocab, draft_vocab or vocab, rank or DEFAULT_RANK)
+        if hidden is not None and head_type in (None, "vanilla"):
+            raise DsparkError("--hidden sizes the hidden states of a gated or RNN head; add --head-type gated or rnn, "
+                              "or drop --hidden.")
+        heads = random_heads(config, vocab, draft_vocab or vocab, rank or DEFAULT_RANK, head_type or "vanilla",
+                             hidden or DEFAULT_HIDDEN)
     with err_console.status("checking tokens, then timing") as status:
         report = run_bench(config, heads, progress=lambda text: status.update(f"checking, then timing: {text}"))
     out = err_console if options.to_stdout(json_out) else console
@@ -133,7 +144,9 @@ def _table(report, fmt: str, temperature: float) -> Table:
     mode = "greedy" if temperature == 0 else "Gumbel-max"
     table = Table(
         title=Text(f"Markov stage · {fmt} W2 · T={temperature:g} ({mode}) · V={report.vocab} "
-                   f"Vd={report.draft_vocab} r={report.rank} N={report.block} · {report.device_name}"),
+                   f"Vd={report.draft_vocab} r={report.rank} N={report.block}"
+                   + ("" if report.head_type == "vanilla" else f" · {report.head_type} head H={report.hidden_size}")
+                   + f" · {report.device_name}"),
         caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
                      f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode · "
                      f"spread = (p90 - min) / min, ! = over {SPREAD_LIMIT:.0%}: too noisy to compare"

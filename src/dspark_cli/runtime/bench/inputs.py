@@ -17,6 +17,7 @@ from dspark_cli.runtime.decode.sampling import gumbel_noise
 from dspark_cli.runtime.units import format_bytes
 
 FORMATS = ("bf16", "nvfp4")
+DEFAULT_HIDDEN = 4096  # random gated / RNN heads: the draft hidden size their projections read
 # Bytes per [B, N, Vd] logit entry a batch holds at once, rounded up: random logits, base row and Gumbel noise
 # (fp32 or bf16 each), and per live walk (eager, and each method's CUDA graph) its fp32 copy of the base logits
 # and its fp32 logit rows.
@@ -60,6 +61,15 @@ class Head:
         return self.weights.w2.shape[0]
 
     @property
+    def head_type(self) -> str:
+        return self.weights.head_type
+
+    @property
+    def hidden_size(self) -> int | None:
+        """The hidden-state width a gated / RNN head reads; None for a vanilla head."""
+        return None if self.weights.head is None else self.weights.head.hidden_size
+
+    @property
     def rank(self) -> int:
         return self.weights.w1.shape[1]
 
@@ -75,6 +85,7 @@ class WalkInputs:
     temperature: float
     noise: torch.Tensor | None  # [B, N, Vd] fp32 standard Gumbel noise (temperature > 0)
     gumbel: torch.Tensor | None  # [B, N, k] fp32 the same noise at the candidates
+    hidden: torch.Tensor | None = None  # [B, N, H] the backbone's hidden states a gated / RNN head reads
 
     @property
     def batch(self) -> int:
@@ -95,18 +106,27 @@ class WalkInputs:
             return None if t is None else t[:count].contiguous()
 
         return WalkInputs(first(self.base), first(self.values), first(self.cand_ids), first(self.first_prev),
-                          self.temperature, first(self.noise), first(self.gumbel))
+                          self.temperature, first(self.noise), first(self.gumbel), first(self.hidden))
 
 
 # --- weights ------------------------------------------------------------------------------------------------
 
 
-def random_heads(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) -> dict[str, Head]:
+def random_heads(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, head_type: str = "vanilla",
+                 hidden: int = DEFAULT_HIDDEN) -> dict[str, Head]:
     """Random Markov heads [V, r] / [Vd, r] for each format (NVFP4: W2 quantized with quantize_nvfp4).
 
     With draft_vocab < vocab, d2t maps the draft ids onto a random sorted subset of target ids.
     The bias alpha * <W2[d], W1[p]> has unit variance, comparable to the spread of the candidates' base logits.
+    A gated or RNN head_type adds its projections over `hidden`-wide hidden states, drawn with 1/sqrt(fan-in)
+    weights so that their pre-activations are of order one.
     """
+    from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
+
+    if head_type not in HEAD_TYPES:
+        raise DsparkError(f"--head-type must be one of {', '.join(HEAD_TYPES)}, got {head_type!r}.")
+    if hidden < 1:
+        raise DsparkError(f"--hidden must be at least 1, got {hidden}.")
     _check_shapes(config, vocab, draft_vocab, rank)
     gen = torch.Generator(config.device).manual_seed(config.seed)
     device = config.device
@@ -116,8 +136,23 @@ def random_heads(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) -
     if draft_vocab < vocab:
         target_ids = torch.randperm(vocab, generator=gen, device=device)[:draft_vocab].sort().values  # [Vd]
         d2t = target_ids - torch.arange(draft_vocab, device=device)
-    weights = MarkovWeights(w1=w1, w2=w2, w2_nvfp4=None, scale=1.0, d2t=d2t)
-    return {fmt: _head_in_format(fmt, weights, config.dtype, "random weights") for fmt in config.formats}
+    head = None if head_type == "vanilla" else _random_head(head_type, rank, hidden, config, gen)
+    weights = MarkovWeights(w1=w1, w2=w2, w2_nvfp4=None, scale=1.0, d2t=d2t, head=head)
+    note = "random weights" + ("" if head is None else f", {head_type} head over hidden size {hidden}")
+    return {fmt: _head_in_format(fmt, weights, config.dtype, note) for fmt in config.formats}
+
+
+def _random_head(head_type: str, rank: int, hidden: int, config: BenchConfig, gen: torch.Generator):
+    """A gated / RNN head module with random projections (its own markov_w1 / markov_w2 are 1-row stand-ins: the
+    walk reads the bench's W1 and W2)."""
+    from dspark_cli.runtime.model.heads import HEADS
+
+    head = HEADS[head_type](1, 1, rank, hidden)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            scale = 1 / math.sqrt(parameter.shape[-1]) if parameter.dim() > 1 else 0.1  # weights by fan-in; biases
+            parameter.copy_(torch.randn(parameter.shape, generator=gen, device=config.device).cpu() * scale)
+    return head.to(config.device, config.dtype).requires_grad_(False)
 
 
 def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
@@ -137,11 +172,6 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     if not draft_config.markov_rank:
         raise DsparkError(f"{ckpt.source} has no Markov head (markov_rank 0, a DFlash draft); there is no "
                           "sequential Markov stage to benchmark.")
-    if draft_config.markov_head_type != "vanilla":
-        raise DsparkError(f"{ckpt.source} has a {draft_config.markov_head_type!r} Markov head; `dspark bench markov` "
-                          "times vanilla heads (its fused kernel and reference walk are vanilla-only, and a "
-                          f"{draft_config.markov_head_type} head needs the backbone's hidden states); `dspark "
-                          "generate` and `dspark eval` run it and report the Markov stage's time per round.")
     hidden, vocab, draft_vocab = draft_config.hidden_size, draft_config.vocab_size, draft_config.draft_vocab_size
     draft = load_draft(
         ckpt,
@@ -151,9 +181,10 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
         device=config.device,
     )
     loaded = MarkovWeights.from_draft(draft)
+    head = None if loaded.head is None else loaded.head.requires_grad_(False)  # gated / RNN: with its projections
     weights = MarkovWeights(
         w1=loaded.w1.detach(), w2=loaded.w2.detach(), w2_nvfp4=loaded.w2_nvfp4, scale=loaded.scale,
-        d2t=None if loaded.d2t is None else loaded.d2t.detach(),
+        d2t=None if loaded.d2t is None else loaded.d2t.detach(), head=head,
     )
     _check_shapes(config, weights.w1.shape[0], weights.w2.shape[0], weights.w1.shape[1], source=str(ckpt.source))
     corrupt = [name for name, tensor in (("markov_w1", weights.w1), ("markov_w2", weights.w2))
@@ -162,7 +193,8 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
         raise DsparkError(f"{ckpt.source}: {' and '.join(corrupt)} hold NaN or inf values, so every Markov score would "
                           "be NaN and no method's tokens could be checked; fix or re-export the draft.")
     stored = "NVFP4" if weights.w2_nvfp4 is not None else str(weights.w2.dtype).removeprefix("torch.")
-    return {fmt: _head_in_format(fmt, weights, config.dtype, f"{ckpt.source} (markov_w2 stored as {stored})")
+    kind = "" if head is None else f", {head.type_name} head over hidden size {hidden}"
+    return {fmt: _head_in_format(fmt, weights, config.dtype, f"{ckpt.source} (markov_w2 stored as {stored}{kind})")
             for fmt in config.formats}
 
 
@@ -173,13 +205,13 @@ def _head_in_format(fmt: str, weights: MarkovWeights, dtype: torch.dtype, note: 
         w2 = weights.w2.to(dtype)
         if weights.w2_nvfp4 is not None:
             note += "; bf16 runs its dequantized weights"
-        return Head(fmt, MarkovWeights(weights.w1, w2, None, weights.scale, weights.d2t), note)
+        return Head(fmt, MarkovWeights(weights.w1, w2, None, weights.scale, weights.d2t, weights.head), note)
     packed = weights.w2_nvfp4
     if packed is None:
         packed = quantize_nvfp4(weights.w2)
         note += "; quantized to NVFP4 in memory"
     dense = packed.dequantize(torch.float32).to(dtype)  # [Vd, r]: what the dense and top-k bf16 methods read
-    return Head(fmt, MarkovWeights(weights.w1, dense, packed, weights.scale, weights.d2t), note)
+    return Head(fmt, MarkovWeights(weights.w1, dense, packed, weights.scale, weights.d2t, weights.head), note)
 
 
 def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, source: str = "--vocab/--rank") -> None:
@@ -229,8 +261,11 @@ def make_inputs(head: Head, batch: int, block: int, topk: int, temperature: floa
     base.scatter_(-1, top_ids, top_values.to(dtype))
     candidates = select_candidates(base, topk)
     first_prev = torch.randint(0, head.vocab, (batch,), generator=gen, device=device)  # [B] target ids
-    noise = gumbel = None
+    noise = gumbel = hidden = None
     if temperature > 0:
         noise = gumbel_noise((batch, block, head.draft_vocab), gen, device)  # [B, N, Vd]
         gumbel = noise.gather(-1, candidates.ids)  # [B, N, k]
-    return WalkInputs(base, candidates.values, candidates.ids, first_prev, temperature, noise, gumbel)
+    if head.weights.head is not None:  # a gated / RNN head reads the backbone's (final-norm, so unit-scale) states
+        width = head.hidden_size
+        hidden = torch.randn(batch, block, width, generator=gen, device=device).to(dtype)  # [B, N, H]
+    return WalkInputs(base, candidates.values, candidates.ids, first_prev, temperature, noise, gumbel, hidden)

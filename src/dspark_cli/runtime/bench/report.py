@@ -101,6 +101,8 @@ class BenchReport:
     has_d2t: bool
     reps: int
     warmup: int
+    head_type: str = "vanilla"
+    hidden_size: int | None = None  # what a gated / RNN head reads
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -115,6 +117,7 @@ class BenchReport:
             "peak_source": self.peak_source, "launch_us": self.launch_us, "source": self.source,
             "vocab": self.vocab, "draft_vocab": self.draft_vocab, "rank": self.rank, "block": self.block,
             "alpha": self.alpha, "d2t": self.has_d2t, "reps": self.reps, "warmup": self.warmup,
+            "head_type": self.head_type, "hidden_size": self.hidden_size,
             "tokens_ok": self.ok, "notes": self.notes, "rows": [row.to_dict() for row in self.rows],
         }
 
@@ -152,14 +155,23 @@ def _cpu_name() -> str:
 
 def weight_bytes(method: str, head: Head, batch: int, block: int, topk: int) -> int:
     """Bytes one draft step reads from the Markov weights: W1 rows of the previous tokens, and all of W2
-    (dense, bf16) or the k gathered W2 rows per request and position (bf16, or NVFP4 nibbles + e4m3 scales)."""
+    (dense, bf16) or the k gathered W2 rows per request and position (bf16, or NVFP4 nibbles + e4m3 scales); a
+    gated / RNN head's projections once per position as well."""
     r = head.rank
-    w1 = block * batch * r * head.weights.w1.element_size()
+    w1 = block * batch * r * head.weights.w1.element_size() + block * _projection_bytes(head)
     if method == "dense":
         return w1 + block * head.draft_vocab * r * head.weights.w2.element_size()
     if method == "nvfp4" or (method == "fused" and head.fmt == "nvfp4"):
         return w1 + block * batch * topk * (r // 2 + r // 16)
     return w1 + block * batch * topk * r * head.weights.w2.element_size()
+
+
+def _projection_bytes(head: Head) -> int:
+    """The bytes of a gated / RNN head's projections (its 1-row markov_w1 / markov_w2 stand-ins left out)."""
+    if head.weights.head is None:
+        return 0
+    return sum(p.numel() * p.element_size() for name, p in head.weights.head.named_parameters()
+               if not name.startswith("markov_"))
 
 
 # --- the chart ----------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def run_bench(
             launch_us=measure_launch_us(config.device), source=first.note, vocab=first.vocab,
             draft_vocab=first.draft_vocab, rank=first.rank, block=config.block, alpha=first.weights.scale,
             has_d2t=first.weights.d2t is not None, reps=config.reps, warmup=config.warmup,
+            head_type=first.head_type, hidden_size=first.hidden_size,
         )
         report.notes += _notes(config, heads)
         for temperature in config.temperatures:
@@ -104,6 +105,11 @@ def run_bench(
 
 def _notes(config: BenchConfig, heads: dict[str, Head]) -> list[str]:
     notes = [f"{head.fmt}: {head.note}" for head in heads.values()]
+    head_type = next(iter(heads.values())).head_type
+    if head_type != "vanilla":
+        notes.append(f"{head_type} head: each position's latent u_k comes from the head's step over W1[prev] and "
+                     "random hidden states (in the run's dtype); the fused walk runs vanilla heads only, so it has "
+                     "no rows, and the reference is the gathered walk with the float32 torch bias.")
     if config.device == "cpu":
         if _interpreter_active():
             notes.append("CPU: the Triton kernels (nvfp4_gathered_bias, markov_walk_triton) run only under the "
@@ -180,15 +186,16 @@ def _variants(config: BenchConfig, head: Head, x: WalkInputs, dense_graph: bool)
     cuda = config.device == "cuda"
     kernel = "Triton" if cuda else "torch twin"
     methods = [("dense", "torch"), ("topk", "torch")] + ([("nvfp4", kernel)] if head.fmt == "nvfp4" else [])
+    fused = w.head is None  # the fused walk runs vanilla heads only
     variants = []
-    for method, engine in methods + [("fused", kernel)]:
+    for method, engine in methods + ([("fused", kernel)] if fused else []):
         run = functools.partial(method_walk, method, w, x)
         variants.append(_Variant(method, "eager", engine, run, x))
         if cuda and (method != "dense" or dense_graph):
             variants.append(_Variant(method, "graph", engine, capture_graph(run), x))
     if not cuda and _interpreter_active():
         sub = x.requests(_interpreter_requests(x))
-        for method in ("nvfp4", "fused") if head.fmt == "nvfp4" else ("fused",):
+        for method in (("nvfp4",) if head.fmt == "nvfp4" else ()) + (("fused",) if fused else ()):
             run = functools.partial(method_walk, method, w, sub, triton=True)
             variants.append(_Variant(method, "interpreter", "Triton", run, sub, timed=False))
     return variants

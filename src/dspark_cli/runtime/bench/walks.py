@@ -44,12 +44,19 @@ def method_walk(method: str, w: MarkovWeights, x: WalkInputs, triton: bool | Non
     candidate selection included). triton: force the Triton kernels (True) or their torch twins (False) of
     nvfp4 / fused; None: by device. -> [B, N] target ids."""
     params = SamplingParams(temperature=x.temperature)
-    return markov_walk(method, w, x.base, x.first_prev, params, x.noise, x.topk, triton=triton).tokens
+    return markov_walk(method, w, x.base, x.first_prev, params, x.noise, x.topk, triton=triton,
+                       hidden=x.hidden).tokens
 
 
 def reference_walk(w: MarkovWeights, x: WalkInputs) -> torch.Tensor:
-    """The float32 reference (markov_walk_reference on x's candidates): NVFP4 rows dequantized in float32. -> [B, N]."""
+    """The float32 reference on x's candidates, NVFP4 rows dequantized in float32 -> [B, N]: the fused walk's
+    torch twin (markov_walk_reference) for a vanilla head; for a gated / RNN head, which the fused walk does not
+    run, the gathered walk with the float32 torch bias (the latents u_k in the head's own dtype)."""
     params = SamplingParams(temperature=x.temperature)
+    if w.head is not None:
+        strategy = "nvfp4" if w.w2_nvfp4 is not None else "topk"
+        return markov_walk(strategy, w, x.base, x.first_prev, params, x.noise, x.topk, triton=False,
+                           hidden=x.hidden).tokens
     candidates = Candidates(x.values, x.cand_ids)
     return fused_walk(w, x.base, candidates, x.first_prev, params, x.noise, triton=False).tokens
 
@@ -70,13 +77,14 @@ def check_tokens(w: MarkovWeights, x: WalkInputs, tokens: torch.Tensor, referenc
         return TokenCheck(exact=True, near_ties=0, mismatch=None)
     eps = torch.finfo(x.base.dtype).eps
     prev = torch.cat([x.first_prev[:, None], tokens[:, :-1]], dim=1)  # [B, N] target ids before each position
+    latents = _path_latents(w, x, prev)  # [B, N, r]
     cand_targets = draft_to_target(w.d2t, x.cand_ids)  # [B, N, k]
     is_chosen = cand_targets == tokens[..., None]  # [B, N, k]
     found = is_chosen.any(-1)  # [B, N]
     chosen = is_chosen.int().argmax(-1)  # [B, N] candidate index (0 when not found)
     near_ties = 0
     for i in range(x.block):
-        score, tol = _position_scores(w, x, i, prev[:, i], eps)  # [B, k], [B]
+        score, tol = _position_scores(w, x, i, latents[:, i], eps)  # [B, k], [B]
         best, best_j = score.max(-1)  # [B]
         chosen_score = score.gather(-1, chosen[:, i, None])[:, 0]
         ok = found[:, i] & (chosen_score >= best - tol)
@@ -91,8 +99,21 @@ def check_tokens(w: MarkovWeights, x: WalkInputs, tokens: torch.Tensor, referenc
     return TokenCheck(exact=False, near_ties=near_ties, mismatch=None)
 
 
-def _position_scores(w: MarkovWeights, x: WalkInputs, i: int, prev: torch.Tensor, eps: float):
-    """float32 scores of position i's candidates given prev [B] -> score [B, k], tolerance [B]."""
+def _path_latents(w: MarkovWeights, x: WalkInputs, prev: torch.Tensor) -> torch.Tensor:
+    """The latents u_k along a path of previous tokens prev [B, N] -> [B, N, r]: W1[prev_k] for a vanilla head; a
+    gated / RNN head's step over them and x.hidden, in the head's dtype, as the walk computes them."""
+    embeds = w.w1[prev]  # [B, N, r]
+    if w.head is None:
+        return embeds
+    latents = torch.empty_like(embeds)
+    state = w.head.initial_state(prev.shape[0], x.base)
+    for k in range(prev.shape[1]):
+        latents[:, k], state = w.head.step(state, embeds[:, k], x.hidden[:, k])
+    return latents
+
+
+def _position_scores(w: MarkovWeights, x: WalkInputs, i: int, latent: torch.Tensor, eps: float):
+    """float32 scores of position i's candidates given its latent [B, r] -> score [B, k], tolerance [B]."""
     from dspark_cli.kernels.nvfp4 import dequantize_rows_nvfp4
 
     ids = x.cand_ids[:, i]  # [B, k]
@@ -100,7 +121,7 @@ def _position_scores(w: MarkovWeights, x: WalkInputs, i: int, prev: torch.Tensor
         rows = dequantize_rows_nvfp4(w.w2_nvfp4, ids.reshape(-1)).view(*ids.shape, -1)  # [B, k, r]
     else:
         rows = w.w2[ids].float()  # [B, k, r]
-    embed = w.w1[prev].float()  # [B, r]
+    embed = latent.float()  # [B, r]
     dots = torch.bmm(rows, embed[..., None])[..., 0]  # [B, k]
     magnitude = abs(w.scale) * torch.bmm(rows.abs(), embed.abs()[..., None])[..., 0]  # [B, k] sum |alpha w2 e|
     corrected = x.values[:, i].float() + w.scale * dots

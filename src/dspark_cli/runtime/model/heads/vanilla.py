@@ -14,6 +14,7 @@ class VanillaHead(nn.Module):
 
     def __init__(self, vocab: int, draft_vocab: int, rank: int, hidden: int):
         super().__init__()
+        self.hidden_size = hidden  # the width of the hidden states h_k a gated / RNN head reads
         self.markov_w1 = nn.Embedding(vocab, rank)  # indexed by target-vocab id
         self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # rows indexed by draft id
 
