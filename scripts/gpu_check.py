@@ -1,4 +1,4 @@
-"""One short check of dspark's Triton kernels and `dspark bench markov` on a CUDA machine (well under 8 minutes).
+"""One short check of dspark's Triton kernels and `dspark bench markov` on a CUDA machine (under 10 minutes).
 
     python scripts/gpu_check.py [--out DIR]      # DIR defaults to $OUT, else ./gpu_check_out
 
@@ -9,7 +9,8 @@ Needs torch with CUDA, triton, typer and rich (not ModelOpt); dspark is imported
    greedy and Gumbel, with and without d2t), a CUDA-graph replay of the walk, and the gated and RNN heads'
    walks through nvfp4_gathered_bias (their latents u_k = head.step(...) instead of W1[prev]) against the torch twin.
 2. `dspark bench markov --device cuda --batch 1,8,32,128 --topk 64 --format bf16,nvfp4 --temperature 0,1` with
-   --json and --plot into DIR, then the fused walk against the graphed per-position NVFP4 path and its lower bound.
+   --json and --plot into DIR, then the fused walk against the graphed per-position NVFP4 path and its lower bound;
+   then the same bench with a random gated and a random RNN head (B = 1, 8, 32, greedy; no fused rows).
 Prints everything; exit code 1 if any check failed.
 """
 
@@ -45,6 +46,7 @@ VOCAB, RANK, TOPK, BLOCK = 151936, 256, 64, 7
 HIDDEN = 4096  # the draft hidden size the gated / RNN heads read
 BATCHES = (1, 2, 4, 8, 16, 32)
 BENCH_TIMEOUT_S = 360
+HEAD_BENCH_TIMEOUT_S = 90  # each of the gated and RNN head benches
 failures: list[str] = []
 
 
@@ -161,22 +163,31 @@ def _walks_agree(ours, ref, x) -> tuple[bool, str]:
 
 def run_bench(out: Path) -> None:
     json_path, png_path = out / "bench_markov.json", out / "bench_markov.png"
-    command = [sys.executable, "-m", "dspark_cli", "bench", "markov", "--device", "cuda", "--batch", "1,8,32,128",
-               "--topk", "64", "--format", "bf16,nvfp4", "--temperature", "0,1", "--json", str(json_path),
-               "--plot", str(png_path)]
+    if bench_command(["--batch", "1,8,32,128", "--topk", "64", "--format", "bf16,nvfp4", "--temperature", "0,1",
+                      "--json", str(json_path), "--plot", str(png_path)], BENCH_TIMEOUT_S) and json_path.exists():
+        summarize(json.loads(json_path.read_text()))
+    for head_type in ("gated", "rnn"):  # methods 1-3 with a head's latents, CUDA graphs included
+        bench_command(["--head-type", head_type, "--hidden", str(HIDDEN), "--batch", "1,8,32", "--topk", "64",
+                       "--format", "bf16,nvfp4", "--temperature", "0", "--json",
+                       str(out / f"bench_markov_{head_type}.json")], HEAD_BENCH_TIMEOUT_S)
+
+
+def bench_command(args: list[str], timeout_s: int) -> bool:
+    """`dspark bench markov --device cuda ARGS`, printed and reported; True when it exited 0."""
+    command = [sys.executable, "-m", "dspark_cli", "bench", "markov", "--device", "cuda", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "200"}
     print("$", " ".join(command), flush=True)
     began = time.perf_counter()
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as timeout:
         print((timeout.stdout or b"").decode() + (timeout.stderr or b"").decode(), flush=True)
-        report(f"dspark bench markov finished within {BENCH_TIMEOUT_S} s", False)
-        return
+        report(f"dspark bench markov {' '.join(args[:2])} finished within {timeout_s} s", False)
+        return False
     print(done.stdout + done.stderr, flush=True)
-    report(f"dspark bench markov (exit {done.returncode}, {time.perf_counter() - began:.0f} s)", done.returncode == 0)
-    if json_path.exists():
-        summarize(json.loads(json_path.read_text()))
+    name = f"dspark bench markov {' '.join(args[:2])} (exit {done.returncode}, {time.perf_counter() - began:.0f} s)"
+    report(name, done.returncode == 0)
+    return done.returncode == 0
 
 
 def summarize(doc: dict) -> None:
