@@ -20,7 +20,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="Profile the parts of DSpark 
 
 DEFAULT_VOCAB = 151936  # Qwen3
 DEFAULT_RANK = 256
-DEFAULT_HIDDEN = 4096  # random gated / RNN heads (runtime/bench/inputs.py uses the same default)
+DEFAULT_HIDDEN = 4096  # random gated / RNN heads: the draft hidden size their projections read
 TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a terminal uses its own width)
 
 

@@ -17,7 +17,6 @@ from dspark_cli.runtime.decode.sampling import gumbel_noise
 from dspark_cli.runtime.units import format_bytes
 
 FORMATS = ("bf16", "nvfp4")
-DEFAULT_HIDDEN = 4096  # random gated / RNN heads: the draft hidden size their projections read
 # Bytes per [B, N, Vd] logit entry a batch holds at once, rounded up: random logits, base row and Gumbel noise
 # (fp32 or bf16 each), and per live walk (eager, and each method's CUDA graph) its fp32 copy of the base logits
 # and its fp32 logit rows.
@@ -113,20 +112,20 @@ class WalkInputs:
 
 
 def random_heads(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, head_type: str = "vanilla",
-                 hidden: int = DEFAULT_HIDDEN) -> dict[str, Head]:
+                 hidden: int | None = None) -> dict[str, Head]:
     """Random Markov heads [V, r] / [Vd, r] for each format (NVFP4: W2 quantized with quantize_nvfp4).
 
     With draft_vocab < vocab, d2t maps the draft ids onto a random sorted subset of target ids.
     The bias alpha * <W2[d], W1[p]> has unit variance, comparable to the spread of the candidates' base logits.
-    A gated or RNN head_type adds its projections over `hidden`-wide hidden states, drawn with 1/sqrt(fan-in)
-    weights so that their pre-activations are of order one.
+    A gated or RNN head_type adds its projections over `hidden`-wide hidden states (required then), drawn with
+    1/sqrt(fan-in) weights so that their pre-activations are of order one.
     """
     from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
     if head_type not in HEAD_TYPES:
         raise DsparkError(f"--head-type must be one of {', '.join(HEAD_TYPES)}, got {head_type!r}.")
-    if hidden < 1:
-        raise DsparkError(f"--hidden must be at least 1, got {hidden}.")
+    if head_type != "vanilla" and (hidden is None or hidden < 1):
+        raise DsparkError(f"a {head_type} head needs --hidden, the hidden size it reads, of at least 1; got {hidden}.")
     _check_shapes(config, vocab, draft_vocab, rank)
     gen = torch.Generator(config.device).manual_seed(config.seed)
     device = config.device
