@@ -190,22 +190,9 @@ def draft_tensors(spec: DraftSpec) -> Tensors:
         tensors.update(gemma4_layer_tensors(spec, rand, norm, gen))
     for i in range(spec.num_hidden_layers if spec.family == "qwen3" else 0):
         p = f"layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": rand(hq, H),
-            p + "self_attn.k_proj.weight": rand(hkv, H),
-            p + "self_attn.v_proj.weight": rand(hkv, H),
-            p + "self_attn.o_proj.weight": rand(H, hq),
-            p + "self_attn.q_norm.weight": norm(D),
-            p + "self_attn.k_norm.weight": norm(D),
-            p + "mlp.gate_proj.weight": rand(I, H),
-            p + "mlp.up_proj.weight": rand(I, H),
-            p + "mlp.down_proj.weight": rand(H, I),
-            p + "input_layernorm.weight": norm(H),
-            p + "post_attention_layernorm.weight": norm(H),
-        })
-        if spec.attention_bias:
-            for proj, width in (("q", hq), ("k", hkv), ("v", hkv), ("o", H)):
-                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(width)
+        tensors.update(attention_and_mlp(p, spec, rand, norm, H, I, D, hq, hkv, with_v=True))
+        tensors.update({p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H)})
+        tensors.update(attention_biases(p, spec, rand, H, hq, hkv, with_v=True))
     tensors["norm.weight"] = norm(H)
     tensors["fc.weight"] = rand(H, len(spec.target_layer_ids) * ht)
     tensors["hidden_norm.weight"] = norm(H)
@@ -240,26 +227,39 @@ def gemma4_layer_tensors(spec: DraftSpec, rand, norm, gen: torch.Generator) -> T
     tensors: Tensors = {}
     for i in range(spec.num_hidden_layers):
         p = f"layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": rand(hq, H),
-            p + "self_attn.k_proj.weight": rand(hkv, H),
-            p + "self_attn.o_proj.weight": rand(H, hq),
-            p + "self_attn.q_norm.weight": norm(D),
-            p + "self_attn.k_norm.weight": norm(D),
-            p + "mlp.gate_proj.weight": rand(I, H),
-            p + "mlp.up_proj.weight": rand(I, H),
-            p + "mlp.down_proj.weight": rand(H, I),
-            p + "layer_scalar": (0.5 + torch.rand(1, generator=gen)).to(spec.dtype),
-        })
+        with_v = not spec.attention_k_eq_v
+        tensors.update(attention_and_mlp(p, spec, rand, norm, H, I, D, hq, hkv, with_v))
+        tensors[p + "layer_scalar"] = (0.5 + torch.rand(1, generator=gen)).to(spec.dtype)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             tensors[p + f"{name}.weight"] = norm(H)
-        if not spec.attention_k_eq_v:
-            tensors[p + "self_attn.v_proj.weight"] = rand(hkv, H)
-        if spec.attention_bias:
-            for proj, width in (("q", hq), ("k", hkv), ("o", H)) + ((() if spec.attention_k_eq_v else (("v", hkv),))):
-                tensors[p + f"self_attn.{proj}_proj.bias"] = rand(width)
+        tensors.update(attention_biases(p, spec, rand, H, hq, hkv, with_v))
     return tensors
+
+
+def attention_and_mlp(p: str, spec: DraftSpec, rand, norm, H: int, I: int, D: int, hq: int, hkv: int,
+                      with_v: bool) -> Tensors:
+    """One layer's attention projections and q/k norms (v_proj when with_v) and its gated MLP."""
+    tensors = {p + "self_attn.q_proj.weight": rand(hq, H), p + "self_attn.k_proj.weight": rand(hkv, H)}
+    if with_v:
+        tensors[p + "self_attn.v_proj.weight"] = rand(hkv, H)
+    tensors.update({
+        p + "self_attn.o_proj.weight": rand(H, hq),
+        p + "self_attn.q_norm.weight": norm(D),
+        p + "self_attn.k_norm.weight": norm(D),
+        p + "mlp.gate_proj.weight": rand(I, H),
+        p + "mlp.up_proj.weight": rand(I, H),
+        p + "mlp.down_proj.weight": rand(H, I),
+    })
+    return tensors
+
+
+def attention_biases(p: str, spec: DraftSpec, rand, H: int, hq: int, hkv: int, with_v: bool) -> Tensors:
+    """The attention projections' biases when spec.attention_bias."""
+    if not spec.attention_bias:
+        return {}
+    widths = [("q", hq), ("k", hkv)] + ([("v", hkv)] if with_v else []) + [("o", H)]
+    return {p + f"self_attn.{proj}_proj.bias": rand(width) for proj, width in widths}
 
 
 def reduced_vocab_d2t(vd: int, vocab: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode.metrics import ECE_BINS, Calibration, calibration
+from dspark_cli.runtime.decode.metrics import ECE_BINS, Calibration, calibration, sigmoid
 
 STS_FORMAT = "dspark-sts/1"
 GRID_LOW, GRID_HIGH, GRID_SIZE = 0.1, 10.0, 121  # ratio 10^(1/60) ≈ 1.039 between neighbours
@@ -133,7 +133,7 @@ def survival_pairs(rounds: Rounds, temperatures: Sequence[float], block_size: in
     for logits, verified, accepted in zip(rounds.logits, rounds.verified, rounds.accepted, strict=True):
         survival = 1.0
         for j in range(min(verified, block_size)):
-            survival *= _sigmoid(logits[j] / temperatures[j])
+            survival *= sigmoid(logits[j] / temperatures[j])
             pairs[j][0].append(survival)
             pairs[j][1].append(accepted > j)
     return pairs
@@ -159,10 +159,6 @@ def ece_floor(predicted: Sequence[float], draws: int = FLOOR_DRAWS, seed: int = 
     bins = (p * ECE_BINS).long().clamp(max=ECE_BINS - 1)  # [n]
     gaps = torch.zeros(draws, ECE_BINS, dtype=torch.float64).index_add_(1, bins, p - outcomes)  # [draws, B]
     return float((gaps.abs().sum(dim=1) / len(p)).mean())
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 def split_prompts(keys: list[tuple], fraction: float = HOLDOUT_FRACTION, seed: int = SPLIT_SEED
@@ -260,14 +256,9 @@ def _rise_note(before: list[Calibration], after: list[Calibration], floor: list[
 def load_temperatures(path: Path) -> list[float]:
     """The temperatures of an STS file (`temperatures`, SGLang's key, or `sts_temperatures`, TensorRT-LLM's):
     a non-empty list of finite numbers above 0. DsparkError in one sentence otherwise."""
-    from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
-    from dspark_cli.runtime.decode.run_file import read_bounded_text
+    from dspark_cli.runtime.decode.run_file import read_json_file
 
-    text = read_bounded_text(Path(path), MAX_STS_BYTES, "calibration file")
-    try:
-        doc = parse_json_text(text, str(path), "give a file written by `dspark calibrate`")
-    except CheckpointError as error:
-        raise DsparkError(error.message) from None
+    doc = read_json_file(path, MAX_STS_BYTES, "calibration file", "give a file written by `dspark calibrate`")
     key = next((k for k in ("temperatures", "sts_temperatures") if isinstance(doc, dict) and k in doc), None)
     values = doc.get(key) if key else None
     if not isinstance(values, list) or not values or not all(

@@ -17,6 +17,11 @@ from dataclasses import asdict, dataclass, field
 ECE_BINS = 20
 
 
+def sigmoid(x: float) -> float:
+    """The logistic function of a raw confidence logit, without overflow for large |x|."""
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
 @dataclass
 class RoundRecord:
     """One round of one sequence (its timings are in GenerationStats.sections).

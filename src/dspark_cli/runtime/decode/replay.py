@@ -33,6 +33,7 @@ from typing import Sequence
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.evaluation import bootstrap_ratio
+from dspark_cli.runtime.decode.metrics import sigmoid
 from dspark_cli.runtime.decode.speculative import scored_length
 
 PLAN_FORMAT = "dspark-plan/1"
@@ -41,6 +42,7 @@ THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 VLLM_RULES = ("fixed", "measured", "survival")  # what vLLM's speculative config can express: num_speculative_tokens
 # (replayed or measured at that block size), a survival cut
 MAX_COSTS_BYTES = 1024 * 1024
+MAX_PLAN_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,8 @@ class Rule:
         if self.kind == "measured":
             return r.verified
         temps = temperatures if self.calibrated else None
-        confidences = [_sigmoid(l / (temps[j] if temps else 1.0)) for j, l in enumerate(r.logits)]
+        confidences = [sigmoid(l / (temps[j] if temps else 1.0)) for j, l in enumerate(r.logits)]
         return scored_length(confidences, self.value, self.kind)
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 @dataclass
@@ -252,14 +250,9 @@ def speculative_fields(row: Row, block_size: int) -> dict:
 def read_costs(path: Path) -> dict[int, float]:
     """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
     shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
-    from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
-    from dspark_cli.runtime.decode.run_file import read_bounded_text
+    from dspark_cli.runtime.decode.run_file import read_json_file
 
-    text = read_bounded_text(Path(path), MAX_COSTS_BYTES, "verify-cost table")
-    try:
-        doc = parse_json_text(text, str(path), "give the JSON of `dspark bench verify`")
-    except CheckpointError as error:
-        raise DsparkError(error.message) from None
+    doc = read_json_file(path, MAX_COSTS_BYTES, "verify-cost table", "give the JSON of `dspark bench verify`")
     tokens = doc.get("tokens") if isinstance(doc, dict) else None
     ms = doc.get("ms") if isinstance(doc, dict) else None
     good = (isinstance(tokens, list) and isinstance(ms, list) and tokens and len(tokens) == len(ms)
@@ -298,14 +291,9 @@ def _row_dict(row: Row | None) -> dict | None:
 
 def read_plan_fields(path: Path) -> dict:
     """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
-    from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
-    from dspark_cli.runtime.decode.run_file import read_bounded_text
+    from dspark_cli.runtime.decode.run_file import read_json_file
 
-    text = read_bounded_text(Path(path), 64 * 1024 * 1024, "plan file")
-    try:
-        doc = parse_json_text(text, str(path), "give a file written by `dspark plan -o`")
-    except CheckpointError as error:
-        raise DsparkError(error.message) from None
+    doc = read_json_file(path, MAX_PLAN_BYTES, "plan file", "give a file written by `dspark plan -o`")
     fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False
     if fields is None:
         raise DsparkError(f"{path} recommends nothing (it was planned without a verify-cost table); run `dspark "

@@ -33,13 +33,19 @@ def read_run_document(path: Path) -> dict:
     """The checked document of the run file at `path` (a regular file of at most MAX_RUN_BYTES, JSON nested at
     most MAX_JSON_DEPTH deep); RunFileError with one sentence otherwise."""
     path = Path(path)
-    fix = "give a run file written by `dspark eval --json`"
-    text = read_bounded_text(path, MAX_RUN_BYTES, "run file")
+    doc = read_json_file(path, MAX_RUN_BYTES, "run file", "give a run file written by `dspark eval --json`",
+                         invalid="is not valid JSON (truncated?)")
+    return check_run_document(doc, path)
+
+
+def read_json_file(path: Path, limit: int, what: str, fix: str, **parse_options):
+    """The JSON document of a bounded input file (read_bounded_text, then checkpoint.read.parse_json_text with
+    `fix` as its advice); RunFileError in one sentence otherwise."""
+    text = read_bounded_text(Path(path), limit, what)
     try:
-        doc = parse_json_text(text, str(path), fix, invalid="is not valid JSON (truncated?)")
+        return parse_json_text(text, str(path), fix, **parse_options)
     except CheckpointError as error:
         raise RunFileError(error.message) from None
-    return check_run_document(doc, path)
 
 
 def read_bounded_text(path: Path, limit: int, what: str) -> str:

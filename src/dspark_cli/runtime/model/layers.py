@@ -1,10 +1,15 @@
-"""Pieces every draft family's decoder layer uses: RMSNorm, rotary embeddings, non-causal block attention."""
+"""Pieces every draft family's decoder layer uses: RMSNorm, rotary embeddings, non-causal block attention, the
+attention module and the gated MLP (each family configures the last two: docs/format.md §2, §6)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dspark_cli.runtime.checkpoint.config import DraftConfig
 
 
 class RMSNorm(nn.Module):
@@ -58,3 +63,51 @@ def block_attention(q, k, v, context: tuple[torch.Tensor, torch.Tensor], attn_ma
     mask = None if attn_mask is None else attn_mask[:, None]  # [B|1, 1, Q, C+Q]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [B, heads, Q, D]
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+class Attention(nn.Module):
+    """A draft layer's attention of the block over [context ; block]: q and k normed by `norm` (the family's RMSNorm)
+    and rotated; the values from v_proj, or with values_from_keys (Gemma-4's attention_k_eq_v) from k_proj before its
+    norm and rotation; then v_norm when given; scores scaled by `scale` (None: 1/sqrt(head_dim))."""
+
+    def __init__(self, config: DraftConfig, norm: Callable[[int, float], nn.Module] = RMSNorm,
+                 values_from_keys: bool = False, v_norm: nn.Module | None = None, scale: float | None = None):
+        super().__init__()
+        H, D = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, D
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(H, self.heads * D, bias=bias)
+        self.k_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.v_proj = None if values_from_keys else nn.Linear(H, self.kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(self.heads * D, H, bias=bias)
+        self.q_norm = norm(D, config.rms_norm_eps)
+        self.k_norm = norm(D, config.rms_norm_eps)
+        self.v_norm = v_norm
+        self.scale = scale
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """[B, T, H] -> k, v [B, kv_heads, T, D]: k normed and rotated, v = v_norm(v_proj(x) or k_proj(x))."""
+        k = split_heads(self.k_proj(x), self.kv_heads, self.head_dim)
+        v = k if self.v_proj is None else split_heads(self.v_proj(x), self.kv_heads, self.head_dim)
+        return apply_rope(self.k_norm(k), cos, sin), v if self.v_norm is None else self.v_norm(v)
+
+    def forward(self, x, cos, sin, context: tuple[torch.Tensor, torch.Tensor], attn_mask):
+        """Block x [B, Q, H] attends to [context ; block]; attn_mask [B|1, Q, C+Q] bool or None (all)."""
+        q = apply_rope(self.q_norm(split_heads(self.q_proj(x), self.heads, self.head_dim)), cos, sin)
+        k, v = self.key_value(x, cos, sin)
+        return self.o_proj(block_attention(q, k, v, context, attn_mask, scale=self.scale))
+
+
+class GatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)): SwiGLU with act = silu (Qwen3), GELU-tanh for Gemma-4."""
+
+    def __init__(self, config: DraftConfig, act: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

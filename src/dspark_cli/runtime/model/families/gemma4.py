@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_cli.runtime.checkpoint.config import DraftConfig
-from dspark_cli.runtime.model.layers import apply_rope, block_attention, split_heads
+from dspark_cli.runtime.model.layers import Attention, GatedMLP
 
 ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
 
@@ -41,51 +41,13 @@ class Norm(nn.Module):
         return out.type_as(x)
 
 
-class Attention(nn.Module):
-    def __init__(self, config: DraftConfig):
-        super().__init__()
-        H, D = config.hidden_size, config.head_dim
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, D
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(H, self.heads * D, bias=bias)
-        self.k_proj = nn.Linear(H, self.kv_heads * D, bias=bias)
-        self.v_proj = None if config.attention_k_eq_v else nn.Linear(H, self.kv_heads * D, bias=bias)
-        self.o_proj = nn.Linear(self.heads * D, H, bias=bias)
-        self.q_norm = Norm(D, config.rms_norm_eps)
-        self.k_norm = Norm(D, config.rms_norm_eps)
-        self.v_norm = Norm(D, config.rms_norm_eps, with_scale=False)
-
-    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """[B, T, H] -> k, v [B, kv_heads, T, D]: k normed and rotated, v = v_norm(v_proj(x) or k_proj(x))."""
-        k = split_heads(self.k_proj(x), self.kv_heads, self.head_dim)
-        v = k if self.v_proj is None else split_heads(self.v_proj(x), self.kv_heads, self.head_dim)
-        return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
-
-    def forward(self, x, cos, sin, context: tuple[torch.Tensor, torch.Tensor], attn_mask):
-        q = apply_rope(self.q_norm(split_heads(self.q_proj(x), self.heads, self.head_dim)), cos, sin)
-        k, v = self.key_value(x, cos, sin)
-        return self.o_proj(block_attention(q, k, v, context, attn_mask, scale=1.0))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: DraftConfig):
-        super().__init__()
-        H, I = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-        self.act = ACTIVATIONS.get(config.hidden_act, ACTIVATIONS["gelu_pytorch_tanh"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: DraftConfig):
         super().__init__()
         H, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, Norm, values_from_keys=config.attention_k_eq_v,
+                                   v_norm=Norm(config.head_dim, eps, with_scale=False), scale=1.0)
+        self.mlp = GatedMLP(config, ACTIVATIONS.get(config.hidden_act, ACTIVATIONS["gelu_pytorch_tanh"]))
         self.input_layernorm = Norm(H, eps)
         self.post_attention_layernorm = Norm(H, eps)
         self.pre_feedforward_layernorm = Norm(H, eps)
