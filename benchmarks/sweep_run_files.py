@@ -65,7 +65,7 @@ def tampered(doc: dict) -> dict[str, str]:
         "negative index": change(lambda d: d["results"][0].update(index=-3)),
         "NaN time": change(lambda d: d["results"][0].update(ttft_s=float("nan"))),
         "baseline a list": change(lambda d: d["results"][0].update(baseline=[1])),
-        "unknown round key": change(lambda d: first_round(d).update(rollback=2)),
+        "unknown round key": change(lambda d: first_round(d).update(retries=2)),
         "round not an object": change(lambda d: d["results"][0]["rounds"].__setitem__(0, 7)),
         "accepted above proposed": change(lambda d: first_round(d).update(accepted=first_round(d)["proposed"] + 1)),
         "proposed above drafted": change(lambda d: first_round(d).update(proposed=first_round(d)["drafted"] + 1)),
