@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dspark_cli.runtime.decode import evaluation as ev  # noqa: E402
+from dspark_cli.runtime.measure import evaluation as ev  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 
 

@@ -5,7 +5,7 @@
 
 Both decoders run on the same prompts in the same process, after one warm-up run each; the baseline is the
 same target decoding one token per forward (runtime.speculative.autoregressive_generate). Without the demo
-pair (scripts/build_demo.py) the pair is the bigram fixture of tests/pair_factory.py: a tiny random Qwen3
+pair (scripts/build_demo.py) the pair is the bigram fixture of tests/fixtures/pair_factory.py: a tiny random Qwen3
 target whose next token depends mostly on the current one, and a DSpark draft whose Markov head holds that
 bigram (so τ is high by construction, and the figures measure the loop's overheads, not a trained draft).
 Prompts: held-out-style text for a pair with a tokenizer, random token ids otherwise.
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from dspark_cli.errors import DsparkError  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
 from dspark_cli.runtime.model.draft import DraftContext  # noqa: E402
-from dspark_cli.runtime.decode.metrics import summarize  # noqa: E402
+from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
 from dspark_cli.runtime.decode.speculative import Drafter, draft_block  # noqa: E402
@@ -59,7 +59,7 @@ TEXT_PROMPTS = [
 
 
 def fixture_pair(root: Path) -> tuple[Path, Path]:
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
     from ckpt_factory import DraftSpec
     from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
 

@@ -129,7 +129,7 @@ def bf16_flags() -> str:
 
 def fabricate_checkpoint(folder: Path, vocab: int, rank: int) -> Path:
     """A 2-shard DeepSpec-format draft with a [vocab, rank] bf16 Markov head (small backbone)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
     from ckpt_factory import DraftSpec, write_draft
 
     spec = DraftSpec(vocab_size=vocab, markov_rank=rank, mask_token_id=vocab - 1, own_embed=False, own_lm_head=False)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
-from dspark_cli.runtime.decode.metrics import summarize  # noqa: E402
+from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.demo import demo_pair  # noqa: E402
 from dspark_cli.runtime.model.target_state import StateSnapshot, crop_attention  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402

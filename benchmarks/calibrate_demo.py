@@ -30,9 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dspark_cli.runtime.decode import calibration as sts  # noqa: E402
-from dspark_cli.runtime.decode.evaluation import EvalRun  # noqa: E402
-from dspark_cli.runtime.decode.metrics import expected_calibration_error  # noqa: E402
+from dspark_cli.runtime.measure import calibration as sts  # noqa: E402
+from dspark_cli.runtime.measure.evaluation import EvalRun  # noqa: E402
+from dspark_cli.runtime.measure.metrics import expected_calibration_error  # noqa: E402
 from dspark_cli.runtime.train.data import split_held_out, stdlib_sources  # noqa: E402
 from dspark_cli.runtime.train.demo_build import DemoRecipe  # noqa: E402
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 
 from dspark_cli.runtime.demo import DEMO_DIR  # noqa: E402
-from dspark_cli.runtime.checkpoint.files import replace_path  # noqa: E402
+from dspark_cli.runtime.io.outputs import replace_path  # noqa: E402
 from dspark_cli.runtime.train.demo_build import (DemoRecipe, build_demo, model_card, report_from_json,  # noqa: E402
                                            report_json)
 

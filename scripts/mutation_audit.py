@@ -33,7 +33,14 @@ class Mutation:
 
 
 def m(id, what, file, edits, *tests):
-    return Mutation(id, what, R + file, tuple(edits), tuple(f"tests/{t}" for t in tests))
+    return Mutation(id, what, R + file, tuple(edits), tuple(test_path(t) for t in tests))
+
+
+def test_path(name: str) -> str:
+    """tests/<folder>/<name>, or tests/<name> (tests/ mirrors the source folders); a node id keeps its ::part."""
+    file, _, node = name.partition("::")
+    found = next(ROOT.joinpath("tests").rglob(file))
+    return str(found.relative_to(ROOT)) + (f"::{node}" if node else "")
 
 
 KNOWN = "test_known_values.py"
@@ -76,15 +83,15 @@ MUTATIONS = [
     m("T4", "cosine floor 10% -> 0%", "train/tiny_target.py", [("peak * (0.1 + 0.9 *", "peak * (0.0 + 1.0 *")], KNOWN),
     m("T5", "training windows never start at the last offset", "train/data.py",
       [("len(self) - seq_len + 1, (batch_size,)", "len(self) - seq_len, (batch_size,)")], KNOWN),
-    m("M1a", "eval: tau's bootstrap resamples rounds", "decode/evaluation.py",
+    m("M1a", "eval: tau's bootstrap resamples rounds", "measure/evaluation.py",
       [("    tau = bootstrap_ratio(emitted, rounds)",
         "    tau = bootstrap_ratio([float(r['emitted']) for p in results for r in p.rounds],\n"
         "                          [1.0 for p in results for r in p.rounds])")], KNOWN),
-    m("M1b", "generate --json: tau's bootstrap resamples rounds", "decode/evaluation.py",
+    m("M1b", "generate --json: tau's bootstrap resamples rounds", "measure/evaluation.py",
       [("    return bootstrap_ratio(emitted, [float(len(s.rounds)) for s in stats])",
         "    return bootstrap_ratio([float(r.emitted) for s in stats for r in s.rounds],\n"
         "                           [1.0 for s in stats for r in s.rounds])")], KNOWN),
-    m("M2", "ECE bins by round() instead of floor", "decode/metrics.py",
+    m("M2", "ECE bins by round() instead of floor", "measure/metrics.py",
       [("b = min(int(p * bins), bins - 1)", "b = min(round(p * bins), bins - 1)")], KNOWN),
     m("V1", "a d2t of the wrong length reported as a warning", "checkpoint/rules/tensors.py",
       [('out.add("DSP202", f"{spec.name} has shape', 'out.add("DSP204" if spec.name == "d2t" else "DSP202", '
@@ -101,7 +108,7 @@ MUTATIONS = [
     # the audit of the code this issue added (the sweep and the validate cases must see each)
     m("O1", "--log-jsonl not checked against the inputs", "train/output.py",
       [('    check_output_file(log, inputs, "--log-jsonl file")\n', "")], SWEEP),
-    m("O2", "serve lets -sc through", "serve.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
+    m("O2", "serve lets -sc through", "engines/vllm.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
       SWEEP),
     m("O3", "--threads not bounded by the cores", "threads.py",
       [("if not 1 <= requested <= cores:", "if not 1 <= requested:")], "test_threads.py", SWEEP),
@@ -111,49 +118,49 @@ MUTATIONS = [
     m("O5", "errors do not name what was already written", "../cli/render.py",
       [("    written = files.written_outputs()\n    if not written:", "    written = []\n    if not written:")],
       SWEEP),
-    m("O6", "the target's config is not built before loading", "model/target_files.py",
+    m("O6", "the target's config is not built before loading", "checkpoint/target_files.py",
       [("        return None\n    from transformers import AutoConfig",
         "        return None\n    return None\n    from transformers import AutoConfig")], SWEEP),
-    m("O7", "a full disk inside an atomic folder is not worded", "checkpoint/files.py",
+    m("O7", "a full disk inside an atomic folder is not worded", "io/outputs.py",
       [("        if is_disk_error(error):\n            state =", "        if False:\n            state =")], SWEEP),
     m("O8", "eval's SIGTERM does not name the run file", "../cli/eval.py",
       [("            stop.kept = (f\"the {len(run.results)} finished", "            _ = (f\"the {len(run.results)} finished")],
       SWEEP),
-    m("O9", "an unstartable vllm is a traceback", "serve.py",
+    m("O9", "an unstartable vllm is a traceback", "engines/vllm.py",
       [("        os.execvp(argv[0], argv)\n    except OSError as error:",
         "        os.execvp(argv[0], argv)\n    except ZeroDivisionError as error:")], SWEEP),
     m("O10", "a weight stored in another shape than the config implies is loaded", "model/target.py",
       [("    if mismatched:\n", "    if False:\n")], SWEEP),
-    m("O11", "atomic files claim the old file was kept when it was not", "checkpoint/files.py",
+    m("O11", "atomic files claim the old file was kept when it was not", "io/outputs.py",
       [('state = "keeps its earlier content" if existed else "was not created"',
         'state = "keeps its earlier content"')], SWEEP),
     # eval at scale, calibration and the verify budget
-    m("E1", "eval shards prompts with overlap", "decode/evaluation.py",
+    m("E1", "eval shards prompts with overlap", "measure/evaluation.py",
       [("    return items[rank::world_size]", "    return items[rank:rank + len(items) // world_size + 1]")],
       "test_eval_dist.py"),
-    m("E2", "STS fitted on the per-slot confidence instead of the survival", "decode/calibration.py",
+    m("E2", "STS fitted on the per-slot confidence instead of the survival", "measure/calibration.py",
       [("_ece(survival[rows] * torch.sigmoid(", "_ece(torch.sigmoid(")], CALIBRATION),
-    m("E3", "replay counts a token past the verify length", "decode/replay.py",
+    m("E3", "replay counts a token past the verify length", "measure/replay.py",
       [("    accepted = min(r.accepted, n)\n", "    accepted = min(r.accepted, n + 1)\n")], "test_replay.py"),
-    m("E4", "the held-out split ignores the prompt sets", "decode/calibration.py",
+    m("E4", "the held-out split ignores the prompt sets", "measure/calibration.py",
       [("    for name in sorted({key[0] for key in ordered}):\n"
         "        members = [key for key in ordered if key[0] == name]",
         "    for name in [None]:\n        members = list(ordered)")], CALIBRATION),
-    m("E5", "the ECE floor averages signed gaps", "decode/calibration.py",
+    m("E5", "the ECE floor averages signed gaps", "measure/calibration.py",
       [("return float((gaps.abs().sum(dim=1)", "return float((gaps.sum(dim=1).abs()")], CALIBRATION),
-    m("E6", "the STS file records the default split, not the one used", "decode/calibration.py",
+    m("E6", "the STS file records the default split, not the one used", "measure/calibration.py",
       [('"fraction": self.fraction, "seed": self.seed', '"fraction": HOLDOUT_FRACTION, "seed": SPLIT_SEED')],
       CALIBRATION),
     m("E7", "the NVFP4 gather kernel drops the odd elements (gated / RNN latents)", "../kernels/markov.py",
       [("dots = tl.sum(w_even * e_even[None, :] + w_odd * e_odd[None, :], axis=1)  # [BLOCK_T]",
         "dots = tl.sum(w_even * e_even[None, :], axis=1)  # [BLOCK_T]")], "test_families.py"),
-    m("E8", "a replayed k competes with the measured run of block size k", "decode/replay.py",
+    m("E8", "a replayed k competes with the measured run of block size k", "measure/replay.py",
       [(" and not (row.rule.kind == \"fixed\" and row.rule.value in measured)]", "]")], "test_replay.py"),
-    m("E9", "measured runs of other prompts are accepted", "decode/replay.py",
+    m("E9", "measured runs of other prompts are accepted", "measure/replay.py",
       [("    if keys != base_keys:\n", "    if False:\n")], "test_replay.py"),
-    m("E10", "a saved line is reused for a replaced result", "decode/evaluation.py",
+    m("E10", "a saved line is reused for a replaced result", "measure/evaluation.py",
       [("and cache[same][0] is self.results[same]:", ":")], "test_eval.py"),
-    m("E11", "the run file is rewritten after every prompt whatever a save costs", "decode/evaluation.py",
+    m("E11", "the run file is rewritten after every prompt whatever a save costs", "measure/evaluation.py",
       [("        if time.perf_counter() - self.last_end >= SAVE_SPACING * self.last_cost:\n", "        if True:\n")],
       "test_eval.py"),
     m("E12", "an interrupted eval does not write what is unsaved", "../cli/eval.py",

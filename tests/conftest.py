@@ -30,4 +30,4 @@ def one_thread():
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
-                     help="rewrite tests/golden/demo_trace.json from the shipped demo pair (after a deliberate rebuild)")
+                     help="rewrite tests/fixtures/golden/demo_trace.json from the shipped demo pair (a deliberate rebuild)")

@@ -129,7 +129,7 @@ def _bench_device(name: str) -> str:
 
 def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
     """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs, real_path
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs, real_path
 
     inputs = local_inputs("draft checkpoint", [draft])
     check_output_file(json_out, inputs, "--json file")
@@ -276,7 +276,7 @@ def verify(
     """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
     from dspark_cli.runtime.bench.verify import time_verify
     from dspark_cli.runtime.checkpoint.config import DraftConfig
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
     from dspark_cli.runtime.checkpoint.read import open_checkpoint
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype

@@ -34,9 +34,9 @@ def calibrate(
     import json
 
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.checkpoint.files import atomic_write_text, check_output_file, local_inputs
-    from dspark_cli.runtime.decode.calibration import fit_runs
-    from dspark_cli.runtime.decode.evaluation import EvalRun
+    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.measure.calibration import fit_runs
+    from dspark_cli.runtime.measure.evaluation import EvalRun
 
     inputs = local_inputs("run file", runs)
     check_output_file(out, inputs, "--output file")

@@ -108,7 +108,7 @@ def _evaluate(ctx, dist) -> None:
 def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
     from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
@@ -152,7 +152,7 @@ def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console)
     """Run the missing prompts (one process, or this rank's share), rank 0 saving as they finish; Ctrl-C keeps what
     finished and says how to resume."""
     from dspark_cli.errors import Terminated
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
 
     path = json_path if dist.is_main else None
     save = ev.RunSaver(run, path)
@@ -183,7 +183,7 @@ def _crc(items: list) -> int:
 def _run_shared(dist, run, sets, pending, session, save, out: Console) -> None:
     """Under torchrun: prompt i of the pending list runs on rank i mod N; after each step every rank's result
     reaches rank 0, which appends and saves them (a failure on any rank stops all, naming it)."""
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
 
     mine = ev.shard(pending, dist.rank, dist.world_size)
     steps = -(-len(pending) // dist.world_size)
@@ -203,7 +203,7 @@ def _run_shared(dist, run, sets, pending, session, save, out: Console) -> None:
 
 
 def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Console) -> None:
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
 
     block = settings["block_size"]
     rows = [(s.name, ev.set_statistics(run.results_of(s), block, settings["max_new_tokens"])) for s in sets]
@@ -222,14 +222,14 @@ def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Co
     if json_path is not None:
         run.save(json_path, statistics)
     if markdown_path is not None:
-        from dspark_cli.runtime.checkpoint.files import atomic_write_text
+        from dspark_cli.runtime.io.outputs import atomic_write_text
 
         atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings))
 
 
 def _run_sets(run, sets, session, save, out: Console) -> None:
     """Run the missing prompts of every set, one progress bar per set, `save` after each prompt."""
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=out, transient=False) as progress:
@@ -247,7 +247,7 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
 def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
     """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
     pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
               + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare])
@@ -264,7 +264,7 @@ def _calibration_setting(path: Path | None) -> dict | None:
     """The run file's record of --calibration: the file and its temperatures (a resumed run uses these)."""
     if path is None:
         return None
-    from dspark_cli.runtime.decode.calibration import load_temperatures
+    from dspark_cli.runtime.measure.calibration import load_temperatures
 
     return {"path": str(path), "temperatures": load_temperatures(path)}
 
@@ -292,7 +292,7 @@ def _load(settings: dict, sets: list, out: Console, dist):
     """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
     session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
     and chat into `settings`."""
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
     from dspark_cli.runtime.pair import Pair, SamplingParams
 
     s = settings
@@ -311,7 +311,7 @@ def _load(settings: dict, sets: list, out: Console, dist):
     lengths = {"max_new_tokens": s["max_new_tokens"], "params": params}
     rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
     if s["calibration"] is not None:
-        from dspark_cli.runtime.decode.calibration import check_temperatures
+        from dspark_cli.runtime.measure.calibration import check_temperatures
 
         rules["confidence_temperatures"] = check_temperatures(s["calibration"]["temperatures"], pair.block_size,
                                                               s["calibration"]["path"])
@@ -335,7 +335,7 @@ def _warn(out: Console, warnings: list[str]) -> None:
 
 
 def _compare(run, old, sets) -> dict:
-    from dspark_cli.runtime.decode import evaluation as ev
+    from dspark_cli.runtime.measure import evaluation as ev
 
     by_name = {s.name: s for s in old.sets}
     comparison = {}

@@ -62,8 +62,8 @@ def generate(
     from dspark_cli.cli.generate_report import Settings, json_document, print_report
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.demo import DEMO_PROMPTS
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
-    from dspark_cli.runtime.decode.metrics import summarize
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.measure.metrics import summarize
     from dspark_cli.runtime.pair import Pair, SamplingParams
     from dspark_cli.runtime.threads import check_threads, set_threads
 
@@ -120,7 +120,7 @@ def _temperatures(path: Optional[Path], block_size: int) -> list[float] | None:
     """--calibration's STS temperatures for the block (None without the option)."""
     if path is None:
         return None
-    from dspark_cli.runtime.decode.calibration import check_temperatures, load_temperatures
+    from dspark_cli.runtime.measure.calibration import check_temperatures, load_temperatures
 
     return check_temperatures(load_temperatures(path), block_size, str(path))
 
@@ -169,7 +169,7 @@ def read_prompts(path: Path) -> list[str]:
     a 'prompt' string, or a `dspark eval` prompt-set record whose 'turns' list gives the first turn)."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint.read import parse_json_text
-    from dspark_cli.runtime.decode.evaluation import prompt_of_record
+    from dspark_cli.runtime.measure.evaluation import prompt_of_record
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

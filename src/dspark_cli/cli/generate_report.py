@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from dspark_cli.runtime.decode.metrics import Summary
+    from dspark_cli.runtime.measure.metrics import Summary
 
 BAR_WIDTH = 20
 
@@ -84,8 +84,8 @@ class Stream:
 
 def json_document(settings: Settings, summary: "Summary", runs: list[PromptRun], stats: list) -> dict[str, Any]:
     """Every number of the run for --json: settings, summary, τ's interval, per prompt, and every round."""
-    from dspark_cli.runtime.decode.evaluation import stats_tau_interval
-    from dspark_cli.runtime.decode.metrics import round_dicts
+    from dspark_cli.runtime.measure.evaluation import stats_tau_interval
+    from dspark_cli.runtime.measure.metrics import round_dicts
 
     tau = stats_tau_interval(stats)
     return {"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],

@@ -39,10 +39,10 @@ def plan(
     json_path: options.json_path("the plan") = None,
 ) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.checkpoint.files import atomic_write_text, check_output_file, local_inputs
-    from dspark_cli.runtime.decode import replay
-    from dspark_cli.runtime.decode.calibration import load_temperatures
-    from dspark_cli.runtime.decode.evaluation import EvalRun
+    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.measure import replay
+    from dspark_cli.runtime.measure.calibration import load_temperatures
+    from dspark_cli.runtime.measure.evaluation import EvalRun
 
     inputs = (local_inputs("run file", runs) + local_inputs("--costs table", [costs])
               + local_inputs("--calibration file", [calibration]))

@@ -41,7 +41,7 @@ def quantize(
     json_path: options.json_path("the report") = None,
 ) -> None:
     """Quantize markov_head.markov_w2 to NVFP4 W4A16; everything else is linked or copied unchanged."""
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
     from dspark_cli.runtime.quantize.write import quantize_checkpoint
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + [("output folder", out)], "--json file")

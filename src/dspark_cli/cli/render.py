@@ -54,7 +54,7 @@ def handle_errors(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        from dspark_cli.runtime.checkpoint import files
+        from dspark_cli.runtime.io import outputs as files
 
         files.forget_written()
         try:
@@ -111,7 +111,7 @@ def emit_json(document: Any, path: Path | str | None = None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from dspark_cli.runtime.checkpoint.files import atomic_write_text
+    from dspark_cli.runtime.io.outputs import atomic_write_text
 
     atomic_write_text(Path(path), text)
 

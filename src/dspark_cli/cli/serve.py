@@ -13,7 +13,7 @@ from dspark_cli.cli import options, render
 
 if TYPE_CHECKING:
     from dspark_cli.runtime.checkpoint.rules import Report
-    from dspark_cli.runtime.serve import ServePlan
+    from dspark_cli.runtime.engines.vllm import ServePlan
 
 HELP = """Serve a DSpark (or DFlash) draft with its target in vLLM. Runs validate's header-only checks on the pair
 (no weights are loaded) and refuses a draft vLLM cannot load; then prints the `vllm serve` command with the
@@ -49,14 +49,14 @@ def serve(
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
-    from dspark_cli.runtime.serve import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.engines.vllm import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
     threshold = None
     if from_plan is not None:
-        from dspark_cli.runtime.decode.replay import read_plan_fields
+        from dspark_cli.runtime.measure.replay import read_plan_fields
 
         fields = read_plan_fields(from_plan)
         if block_size is not None and block_size != fields["num_speculative_tokens"]:

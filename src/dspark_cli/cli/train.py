@@ -110,7 +110,7 @@ def train(
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
-    from dspark_cli.runtime.checkpoint.files import is_disk_error
+    from dspark_cli.runtime.io.outputs import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.distributed import torch_distributed_error
 

@@ -43,8 +43,8 @@ def validate(
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
-    from dspark_cli.runtime.checkpoint.files import check_output_file, local_inputs
-    from dspark_cli.runtime.checkpoint.paths import require_utf8_path
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.paths import require_utf8_path
     from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]),

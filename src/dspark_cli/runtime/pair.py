@@ -27,13 +27,13 @@ from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.decode.markov import STRATEGIES, MarkovWeights, choose_strategy
 from dspark_cli.runtime.decode.sampling import SamplingParams
 from dspark_cli.runtime.decode.speculative import (
-    CONFIDENCE_RULES,
     GenerationResult,
     TokenCallback,
     autoregressive_generate,
     max_block_size,
     speculative_generate,
 )
+from dspark_cli.runtime.rounds import CONFIDENCE_RULES
 
 MARKOV_CHOICES = ("auto", *STRATEGIES)
 __all__ = ["Pair", "CheckedPair", "SamplingParams", "GenerationResult", "CONFIDENCE_RULES", "MARKOV_CHOICES",
@@ -56,7 +56,7 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtyp
 
 
 def load_tokenizer(target: str):
-    from dspark_cli.runtime.model.target_files import load_target_tokenizer
+    from dspark_cli.runtime.checkpoint.target_files import load_target_tokenizer
 
     return load_target_tokenizer(target)
 
@@ -272,9 +272,9 @@ class Pair:
         pair. block_size / draft_topk None: the draft config's. DsparkError names the first problem."""
         from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
         from dspark_cli.runtime.demo import demo_pair
-        from dspark_cli.runtime.checkpoint.paths import require_utf8_path
-        from dspark_cli.runtime.model.target_files import check_target_files
-        from dspark_cli.runtime.model.stateful import one_at_a_time_warning
+        from dspark_cli.runtime.io.paths import require_utf8_path
+        from dspark_cli.runtime.checkpoint.target_files import check_target_files
+        from dspark_cli.runtime.checkpoint.stateful import one_at_a_time_warning
         from dspark_cli.runtime.model.target_state import family_of_target
 
         if (target is None) != (draft is None):

@@ -163,7 +163,7 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     from dspark_cli.runtime.checkpoint.read import open_checkpoint
     from dspark_cli.runtime.checkpoint.config import DraftConfig
     from dspark_cli.runtime.model.draft_io import load_draft
-    from dspark_cli.runtime.checkpoint.paths import require_utf8_path
+    from dspark_cli.runtime.io.paths import require_utf8_path
 
     require_utf8_path(source, "the draft")
     ckpt = open_checkpoint(source)

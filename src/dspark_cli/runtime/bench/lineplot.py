@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_cli.runtime.checkpoint.files import atomic_write_bytes
+from dspark_cli.runtime.io.outputs import atomic_write_bytes
 
 WIDTH = 1100
 PANEL_HEIGHT = 420

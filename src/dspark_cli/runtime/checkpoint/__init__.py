@@ -1,4 +1,4 @@
-"""checkpoint/: a draft checkpoint as files, before any weight is loaded (torch-free).
+"""checkpoint/: a draft and its target as files, before any weight is loaded (torch-free).
 
 - read.py      open a local folder or hub id: config.json, safetensors headers, one tensor on demand; the one
                JSON reader (`open_checkpoint`, `read_target_config`, `parse_json_text`, `CheckpointError`)
@@ -8,6 +8,6 @@
 - families/    one `Family` per draft family (qwen3.py, gemma4.py): its tensors, key resolution and vLLM rules
 - heads.py     the Markov head types (vanilla, gated, rnn) and the tensors each adds
 - rules/       `validate_checkpoint` -> `Report` of findings (what `dspark validate` prints)
-- files.py     safe output for every command: input-overlap guard, output checks, atomic files and folders
-- paths.py     refuse paths the native safetensors / tokenizers readers cannot open
+- target_files.py  the target's config, tokenizer and weight headers checked before its weights load
+- stateful.py  the stateful target families dspark rolls back exactly, told from a config
 """

@@ -36,7 +36,7 @@ import torch
 from dspark_cli.runtime.decode import sampling
 from dspark_cli.runtime.model.draft import DraftContext
 from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy, markov_walk
-from dspark_cli.runtime.decode.metrics import GenerationStats, RoundRecord
+from dspark_cli.runtime.rounds import CONFIDENCE_RULES, LENGTH_RULES, GenerationStats, RoundRecord, scored_length
 from dspark_cli.runtime.decode.sampling import SamplingParams
 from dspark_cli.runtime.decode.timing import SectionTimer
 
@@ -170,26 +170,6 @@ def _target_vocab_probs(drafter: Drafter, logits: torch.Tensor) -> torch.Tensor:
         return probs
     full = probs.new_zeros(probs.shape[0], drafter.target_vocab)
     return full.index_copy_(1, target_ids, probs)
-
-
-CONFIDENCE_RULES = ("survival", "per-slot")
-LENGTH_RULES = ("stop", "deepspec")
-
-
-def scored_length(confidences: Sequence[float], threshold: float, rule: str = "survival") -> int:
-    """How many drafted positions the target scores, from their confidences c_1..c_N (floats or a [N] tensor).
-
-    survival (vLLM's capacity rule): the positions whose survival Π_{i<=j} c_i >= threshold (survival never
-    increases, so they form a prefix), multiplied in float64. per-slot (DeepSpec's evaluator): the positions
-    before the first slot whose own c_j < threshold."""
-    values = [float(c) for c in confidences]
-    if rule == "per-slot":
-        return next((j for j, c in enumerate(values) if c < threshold), len(values))
-    survival, count = 1.0, 0
-    for c in values:
-        survival *= c
-        count += survival >= threshold
-    return count
 
 
 def score_block(target, anchor: int, proposal: Proposal, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:

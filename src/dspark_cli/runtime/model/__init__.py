@@ -7,7 +7,6 @@
 - layers.py    RMSNorm, RoPE, block attention: what the families share
 - draft_io.py  `load_draft` / `save_draft` / `tie_to_target` by DeepSpec / vLLM tensor names
 - target.py    `TargetModel`: any HF causal LM with hidden-state capture, scoring and its cache
-- target_files.py  the target's config, tokenizer and weight headers checked before its weights load (torch-free)
-- target_state.py  a stateful target's own cache and the exact rollback of its states;  stateful.py: the
-               stateful families dspark knows (torch-free)
+- target_state.py  a stateful target's own cache and the exact rollback of its states (the families:
+               checkpoint/stateful.py)
 """

@@ -135,7 +135,7 @@ def tie_to_target(model: DSparkDraft, embed_weight: torch.Tensor | None, lm_head
 def save_draft(model: DSparkDraft, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                include_shared: bool = False, extra_config: dict[str, Any] | None = None) -> Path:
     """Write config.json + model.safetensors atomically (replacing `path`)."""
-    from dspark_cli.runtime.checkpoint.files import atomic_output_dir
+    from dspark_cli.runtime.io.outputs import atomic_output_dir
 
     path = Path(path)
     with atomic_output_dir(path, force=True) as tmp:

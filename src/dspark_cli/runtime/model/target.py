@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.model.target_files import first_line, refuse_pickle_only
+from dspark_cli.runtime.checkpoint.target_files import first_line, refuse_pickle_only
 from dspark_cli.runtime.model.target_state import StateRollback, build_cache, stateful_family
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.model.stateful import FAMILIES, Family, supported_names
+from dspark_cli.runtime.checkpoint.stateful import FAMILIES, Family, supported_names
 
 
 def text_model_type(config) -> str:

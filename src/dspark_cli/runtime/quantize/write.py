@@ -43,7 +43,7 @@ from dspark_cli.runtime.checkpoint.read import (
     open_checkpoint,
     parse_json_text,
 )
-from dspark_cli.runtime.checkpoint.files import atomic_output_dir, check_writable_parent, refuse_input_overlap
+from dspark_cli.runtime.io.outputs import atomic_output_dir, check_writable_parent, refuse_input_overlap
 from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype
 from dspark_cli.runtime.checkpoint.layout import (
     MARKOV_W1,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint.files import (
+from dspark_cli.runtime.io.outputs import (
     check_output_file,
     check_writable_parent,
     local_inputs,

@@ -13,7 +13,7 @@ import torch
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.model.target import load_causal_lm
-from dspark_cli.runtime.model.target_files import check_target_files, load_target_tokenizer
+from dspark_cli.runtime.checkpoint.target_files import check_target_files, load_target_tokenizer
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.trainer import DraftTrainer
 from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, train_shared_weights, trainable_parameters

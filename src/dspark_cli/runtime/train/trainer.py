@@ -153,7 +153,7 @@ class DraftTrainer:
         (no pickle)."""
         from safetensors.torch import save_file
 
-        from dspark_cli.runtime.checkpoint.files import atomic_output_dir
+        from dspark_cli.runtime.io.outputs import atomic_output_dir
 
         optimizer = self.optimizer.state_dict()
         tensors = {f"draft.{name}": p.detach().cpu().contiguous() for name, p in self.draft.named_parameters()

@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode import evaluation as ev
-from dspark_cli.runtime.decode import replay
-from dspark_cli.runtime.decode.replay import Round, Rule, replay_round
-from dspark_cli.runtime.decode.speculative import scored_length
+from dspark_cli.runtime.measure import evaluation as ev
+from dspark_cli.runtime.measure import replay
+from dspark_cli.runtime.measure.replay import Round, Rule, replay_round
+from dspark_cli.runtime.rounds import scored_length
 from dspark_cli.runtime.demo import demo_pair
 
 runner = CliRunner()

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import EXIT_TERMINATED, DsparkError, Terminated
-from dspark_cli.runtime.checkpoint import files
+from dspark_cli.runtime.io import outputs as files
 from dspark_cli.runtime.quantize import write as quantize_module
-from dspark_cli.runtime.checkpoint.files import (atomic_output_dir, atomic_write_text, check_output_file,
+from dspark_cli.runtime.io.outputs import (atomic_output_dir, atomic_write_text, check_output_file,
                                       refuse_input_overlap)
 from dspark_cli.runtime.checkpoint.read import list_checkpoint_files
 from dspark_cli.runtime.quantize.write import quantize_checkpoint

@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode.evaluation import bootstrap_ratio
-from dspark_cli.runtime.decode.metrics import sigmoid
-from dspark_cli.runtime.decode.speculative import scored_length
+from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
+from dspark_cli.runtime.rounds import scored_length, sigmoid
 
 PLAN_FORMAT = "dspark-plan/1"
 COSTS_FORMAT = "dspark-verify-costs/1"
@@ -250,7 +249,7 @@ def speculative_fields(row: Row, block_size: int) -> dict:
 def read_costs(path: Path) -> dict[int, float]:
     """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
     shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
-    from dspark_cli.runtime.decode.run_file import read_json_file
+    from dspark_cli.runtime.measure.run_file import read_json_file
 
     doc = read_json_file(path, MAX_COSTS_BYTES, "verify-cost table", "give the JSON of `dspark bench verify`")
     tokens = doc.get("tokens") if isinstance(doc, dict) else None
@@ -291,7 +290,7 @@ def _row_dict(row: Row | None) -> dict | None:
 
 def read_plan_fields(path: Path) -> dict:
     """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
-    from dspark_cli.runtime.decode.run_file import read_json_file
+    from dspark_cli.runtime.measure.run_file import read_json_file
 
     doc = read_json_file(path, MAX_PLAN_BYTES, "plan file", "give a file written by `dspark plan -o`")
     fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False

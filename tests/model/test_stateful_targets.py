@@ -1,6 +1,6 @@
 """Stateful targets (model/target_state.py): the support matrix of docs/stateful.md.
 
-Every family is a tiny random model built from transformers' own classes (tests/stateful_factory.py, the demo
+Every family is a tiny random model built from transformers' own classes (tests/fixtures/stateful_factory.py, the demo
 tokenizer): Qwen3.5 and Qwen3-Next (Gated DeltaNet + attention), Falcon-H1, Jamba, Bamba and Granite-4 hybrids
 (Mamba + attention), LFM2 (short convolution + attention), Mamba2 (no attention at all), MiniMax (lightning
 attention). For each:

@@ -8,8 +8,8 @@ these pin what the draft proposes.
    base logits only), and for gated / RNN heads and a Gemma-4 draft (the teacher-forced latents of training
    equal the walk's).
 2. The golden trace: the shipped demo pair, float32 on CPU, greedy, block 7, fixed prompts; the accepted count of
-   every round is pinned in tests/golden/demo_trace.json. Any draft-side change flips some round. After a
-   deliberate demo rebuild, regenerate it with `pytest tests/test_draft_trace.py --update-golden`.
+   every round is pinned in tests/fixtures/golden/demo_trace.json. Any draft-side change flips some round. After a
+   deliberate demo rebuild, regenerate it with `pytest tests/model/test_draft_trace.py --update-golden`.
 """
 
 import hashlib
@@ -28,7 +28,7 @@ from dspark_cli.runtime.decode.sampling import SamplingParams
 from dspark_cli.runtime.decode.speculative import Drafter, draft_block
 from dspark_cli.runtime.train.loss import build_blocks, draft_forward
 
-GOLDEN = Path(__file__).parent / "golden" / "demo_trace.json"
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "golden" / "demo_trace.json"
 TRACE_PROMPTS = (*DEMO_PROMPTS, "import os\nimport sys\n\n\ndef main(argv=None):\n",
                  "\"\"\"Utilities for reading and writing configuration files.\n\nThis module provides")
 TRACE_BLOCK, TRACE_TOKENS = 7, 64
@@ -97,7 +97,7 @@ def test_golden_trace_of_the_demo_pair(request):
         GOLDEN.write_text(f'{head},\n "accepted": [\n{rows}\n ]\n}}\n')  # one line per prompt
     golden = json.loads(GOLDEN.read_text())
     assert (trace["target_sha256"], trace["draft_sha256"]) == (golden["target_sha256"], golden["draft_sha256"]), (
-        "the demo pair was rebuilt; if on purpose, regenerate with `pytest tests/test_draft_trace.py --update-golden`")
+        "the demo pair was rebuilt; if on purpose, regenerate with `pytest tests/model/test_draft_trace.py --update-golden`")
     assert trace["prompts"] == golden["prompts"]
     for prompt, got, pinned in zip(trace["prompts"], trace["accepted"], golden["accepted"]):
         assert got == pinned, f"accepted counts per round changed for prompt {prompt!r}"

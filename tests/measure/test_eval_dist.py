@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import ranks
 
-from dspark_cli.runtime.decode import evaluation as ev
-from dspark_cli.runtime.decode.run_file import ROUND_TIMES
+from dspark_cli.runtime.measure import evaluation as ev
+from dspark_cli.runtime.measure.run_file import ROUND_TIMES
 
 TIMEOUT_S = 240
 TIMES = ("ttft_s", "total_s")

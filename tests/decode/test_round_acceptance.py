@@ -1,6 +1,6 @@
 """Per-context acceptance of dspark's own round at T > 0 against the exact values from p and q.
 
-A fixed context (prompt [2, 0, 3]) on the 4-token bigram pair of tests/pair_factory.py (draft vocabulary 3 through
+A fixed context (prompt [2, 0, 3]) on the 4-token bigram pair of tests/fixtures/pair_factory.py (draft vocabulary 3 through
 d2t, so target token 1 only comes from residual resampling). Each draw runs the round's own functions on that
 context: the Markov stage (speculative.markov_stage: the walk samples d1, d2 and returns q), then the accept step
 (speculative.accept_block: rejection sampling on the target's probabilities and q). The target's logits of

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
-    """A stateful target family dspark rolls back exactly (each is checked by tests/test_stateful_targets.py)."""
+    """A stateful target family dspark rolls back exactly (each is checked by tests/model/test_stateful_targets.py)."""
 
     name: str  # for people: "Qwen3.5", "Mamba2", ...
     mixer: str  # the decoder-layer attribute holding the stateful mixer (its forward takes the cache)

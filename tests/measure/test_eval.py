@@ -12,10 +12,9 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode import evaluation as ev
+from dspark_cli.runtime.measure import evaluation as ev
 from dspark_cli.runtime.demo import DEMO_PROMPTS
-from dspark_cli.runtime.decode.metrics import RoundRecord
-from dspark_cli.runtime.decode.speculative import scored_length
+from dspark_cli.runtime.rounds import RoundRecord, scored_length
 
 runner = CliRunner()
 

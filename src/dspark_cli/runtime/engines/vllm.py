@@ -24,7 +24,7 @@ from dspark_cli.errors import EXIT_FINDINGS, DsparkError
 from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
-from dspark_cli.runtime.model.target_files import check_target_files
+from dspark_cli.runtime.checkpoint.target_files import check_target_files
 
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
@@ -131,7 +131,7 @@ def stateful_target_notes(target_config: dict) -> list[str]:
     """What serving a stateful target means: vLLM keeps its recurrent states itself (one per drafted position for
     Gated DeltaNet layers: vllm/v1/attention/backends/gdn_attn.py, GDNAttentionMetadata.spec_state_indices_tensor
     and num_accepted_tokens), so dspark's own rollback is not involved."""
-    from dspark_cli.runtime.model.stateful import family_of_config_dict
+    from dspark_cli.runtime.checkpoint.stateful import family_of_config_dict
 
     family = family_of_config_dict(target_config)
     if family is None:

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode import evaluation as ev
-from dspark_cli.runtime.decode.run_file import check_run_document
+from dspark_cli.runtime.measure import evaluation as ev
+from dspark_cli.runtime.measure.run_file import check_run_document
 
 runner = CliRunner()
 

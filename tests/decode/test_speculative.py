@@ -1,7 +1,7 @@
 """Greedy speculative decoding (runtime/decode/speculative.py) is token-identical to the target's own greedy decoding.
 
 All in float32 (docs/deepspec.md §2: bf16 near-ties may flip). The target is a tiny random Qwen3 whose
-next token depends mostly on the current one, and the drafts' Markov heads know that bigram (tests/pair_factory.py),
+next token depends mostly on the current one, and the drafts' Markov heads know that bigram (tests/fixtures/pair_factory.py),
 so rounds accept 0..block_size tokens and both the accept and the reject paths run. Checkpoints are written in
 bf16 (DeepSpec's format) unless named fp32, and loaded in float32.
 """
@@ -25,9 +25,9 @@ from dspark_cli.runtime.decode.speculative import (
     max_block_size,
     prefill,
     score_block,
-    scored_length,
     speculative_generate,
 )
+from dspark_cli.runtime.rounds import scored_length
 from dspark_cli.runtime.model.target import TargetModel
 from dspark_cli.runtime.decode.timing import SectionTimer
 

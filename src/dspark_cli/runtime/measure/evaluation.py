@@ -27,16 +27,9 @@ from typing import Callable
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.decode.run_file import RUN_FORMAT, RunFileError, read_bounded_text, read_run_document
-from dspark_cli.runtime.decode.metrics import (
-    STAGE_SECTIONS,
-    Calibration,
-    GenerationStats,
-    RoundRecord,
-    round_dicts,
-    stage_sections,
-    summarize,
-)
+from dspark_cli.runtime.measure.run_file import RUN_FORMAT, RunFileError, read_bounded_text, read_run_document
+from dspark_cli.runtime.measure.metrics import STAGE_SECTIONS, Calibration, round_dicts, stage_sections, summarize
+from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
 
 SHIPPED_SETS = (DEMO_DIR / "eval_code.jsonl", DEMO_DIR / "eval_prose.jsonl")
 MAX_PROMPT_SET_BYTES = 1024**3
@@ -214,7 +207,7 @@ class EvalRun:
         """Write the run file atomically, one result per line. A finished result never changes, so its line is
         encoded once and reused by later saves (re-encoding every result at every save made a long run's saving
         quadratic)."""
-        from dspark_cli.runtime.checkpoint.files import atomic_write_text
+        from dspark_cli.runtime.io.outputs import atomic_write_text
 
         doc = self.to_dict(statistics)
         del doc["results"]

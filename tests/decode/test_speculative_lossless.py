@@ -1,7 +1,7 @@
 """Speculative sampling at T > 0 emits exactly the target's distribution, end to end through speculative_generate.
 
 Setup: a 4-token target that is an exact bigram model (every decoder layer adds zero to the residual stream,
-tests/pair_factory.py), so the exact distribution of each emitted token given the previous one is known:
+tests/fixtures/pair_factory.py), so the exact distribution of each emitted token given the previous one is known:
 p(. | x) = target_probs(logits of the one-token sequence [x]), checked below to be context-free. The draft
 (draft vocabulary 3 via d2t, so one token can only come from residual resampling) has a noisy copy of the
 bigram in its Markov head and a random confidence head; sampling uses T = 0.9 and top-k 3, so one token per

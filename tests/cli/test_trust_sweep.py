@@ -6,7 +6,7 @@ and a SIGTERM mid-run, unbounded counts, serve's hand-off to a broken vllm, a dr
 asserts its exit code, one sentence on stderr naming the file or flag (no traceback), that no input's bytes changed,
 and that what the message says was kept is what is on disk.
 
-    python tests/test_trust_sweep.py          # the same cases without pytest: one line each, then "N/N OK"
+    python tests/cli/test_trust_sweep.py          # the same cases without pytest: one line each, then "N/N OK"
 """
 
 from __future__ import annotations

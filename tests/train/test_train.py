@@ -297,7 +297,7 @@ def test_build_script_replaces_the_pair_and_keeps_the_other_demo_files(tmp_path)
     sets that live beside them (and anything else there) alone."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("build_demo", Path(__file__).parents[1] / "scripts/build_demo.py")
+    spec = importlib.util.spec_from_file_location("build_demo", Path(__file__).parents[2] / "scripts/build_demo.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out, staging = tmp_path / "demo", tmp_path / ".demo.building"

@@ -1,4 +1,4 @@
-"""Metrics (runtime/decode/metrics.py): every figure checked against a hand computation."""
+"""Metrics (runtime/measure/metrics.py): every figure checked against a hand computation."""
 
 import itertools
 import json
@@ -6,15 +6,8 @@ import random
 
 import pytest
 
-from dspark_cli.runtime.decode.metrics import (
-    GenerationStats,
-    RoundRecord,
-    auroc,
-    brier_score,
-    calibration,
-    expected_calibration_error,
-    summarize,
-)
+from dspark_cli.runtime.measure.metrics import auroc, brier_score, calibration, expected_calibration_error, summarize
+from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
 
 approx = pytest.approx
 

@@ -33,7 +33,7 @@ from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint
 from dspark_cli.runtime.checkpoint.rules import CODES, READ_ERRORS, validate_checkpoint
 
 S = DraftSpec()
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "validate.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "validate.md"
 
 
 def single_algo(exclude: list[str]) -> tuple[dict, dict]:

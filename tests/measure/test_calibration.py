@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.decode import calibration as sts
-from dspark_cli.runtime.decode import evaluation as ev
-from dspark_cli.runtime.decode.metrics import expected_calibration_error
+from dspark_cli.runtime.measure import calibration as sts
+from dspark_cli.runtime.measure import evaluation as ev
+from dspark_cli.runtime.measure.metrics import expected_calibration_error
 
 runner = CliRunner()
 

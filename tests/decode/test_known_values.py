@@ -13,8 +13,9 @@ import torch
 from ckpt_factory import DraftSpec, draft_config, tiny_target, write_draft
 
 from dspark_cli.runtime.checkpoint.config import DraftConfig
-from dspark_cli.runtime.decode.evaluation import PromptResult, bootstrap_ratio, set_statistics, stats_tau_interval
-from dspark_cli.runtime.decode.metrics import GenerationStats, RoundRecord, expected_calibration_error
+from dspark_cli.runtime.measure.evaluation import PromptResult, bootstrap_ratio, set_statistics, stats_tau_interval
+from dspark_cli.runtime.measure.metrics import expected_calibration_error
+from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
 from dspark_cli.runtime.decode.sampling import SamplingParams, accept_batch, processed_logits, sample, target_probs
 from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, max_block_size, prefill
 from dspark_cli.runtime.model.layers import RMSNorm
