@@ -46,7 +46,7 @@ from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
 from dspark_cli.runtime.model.draft import DraftContext  # noqa: E402
 from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
-from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
 from dspark_cli.runtime.decode.speculative import Drafter, draft_block  # noqa: E402
 
 TEXT_PROMPTS = [

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from dspark_cli.runtime.decode.markov import MarkovWeights, markov_walk  # noqa: E402
-from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
 from dspark_cli.runtime.model.heads import HEADS  # noqa: E402
 
 

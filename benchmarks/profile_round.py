@@ -28,8 +28,9 @@ from dspark_cli.runtime.checkpoint.read import open_checkpoint  # noqa: E402
 from dspark_cli.runtime.checkpoint.config import DraftConfig  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
 from dspark_cli.runtime.model.draft_io import load_draft  # noqa: E402
-from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
-from dspark_cli.runtime.decode.speculative import max_block_size, speculative_generate  # noqa: E402
+from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
+from dspark_cli.runtime.settings import trained_block_size  # noqa: E402
+from dspark_cli.runtime.decode.speculative import speculative_generate  # noqa: E402
 from dspark_cli.runtime.model.target import TargetModel  # noqa: E402
 
 PROMPTS = [*DEMO_PROMPTS[:2], "def fibonacci(n):\n    "]
@@ -66,7 +67,7 @@ def main() -> None:
                                         target_lm_head=target.lm_head_weight)
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
-    block = max_block_size(config)
+    block = trained_block_size(config)
     for temperature in (0.0, 0.7):
         params = SamplingParams(temperature=temperature)
 

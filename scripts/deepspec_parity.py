@@ -115,7 +115,7 @@ def deepspec_block(model, features, ids, temperature: float, forced_tokens=None)
 def dspark_block(draft, features, ids, temperature: float):
     """dspark's generate path: DraftContext, draft_backbone, markov_stage (dense strategy)."""
     from dspark_cli.runtime.decode.markov import markov_walk
-    from dspark_cli.runtime.decode.sampling import SamplingParams
+    from dspark_cli.runtime.settings import SamplingParams
     from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, markov_stage
     from dspark_cli.runtime.model.draft import DraftContext
 

@@ -39,7 +39,7 @@ from dspark_cli.kernels.markov import (  # noqa: E402
 from dspark_cli.kernels.nvfp4 import dequantize_rows_nvfp4, dequantize_rows_triton, quantize_nvfp4  # noqa: E402
 from dspark_cli.runtime.bench.run import BenchConfig, capture_graph, check_tokens, make_inputs, random_heads  # noqa: E402
 from dspark_cli.runtime.decode.markov import markov_walk  # noqa: E402
-from dspark_cli.runtime.decode.sampling import SamplingParams  # noqa: E402
+from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
 from dspark_cli.runtime.model.heads import HEADS  # noqa: E402
 
 VOCAB, RANK, TOPK, BLOCK = 151936, 256, 64, 7

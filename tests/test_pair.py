@@ -11,12 +11,14 @@ import torch
 from ckpt_factory import DraftSpec
 from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
 
-from dspark_cli.errors import DsparkError
+from dspark_cli.errors import DsparkError, SettingError
 from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.model.draft_io import load_draft
-from dspark_cli.runtime.pair import Pair, check_pair, first_divergence
-from dspark_cli.runtime.decode.sampling import SamplingParams
-from dspark_cli.runtime.decode.speculative import speculative_generate
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.pair import Pair, check_draft, first_divergence
+from dspark_cli.runtime.settings import MarkovHead, Requested, resolve_settings
+from dspark_cli.runtime.settings import SamplingParams
+from loop import generate
 from dspark_cli.runtime.model.target import TargetModel
 
 SPEC = DraftSpec(block_size=8, markov_rank=64)
@@ -37,22 +39,29 @@ def pair(pair_dirs):
     return Pair.load(*pair_dirs, device="cpu", dtype="float32")
 
 
-def test_check_pair_resolves_and_refuses(pair_dirs):
+def test_check_draft_and_the_settings_resolve_and_refuse(pair_dirs):
     target_dir, draft_dir = pair_dirs
     ckpt, target_config = open_checkpoint(draft_dir), read_target_config(target_dir)
-    pair = check_pair(ckpt, target_config, None, None)
-    assert (pair.block_size, pair.trained_block_size, pair.draft_topk) == (8, 8, None)
-    assert check_pair(ckpt, target_config, 3, 16).block_size == 3
-    with pytest.raises(DsparkError, match="--block-size 9 is larger than the 8 draft tokens"):
-        check_pair(ckpt, target_config, 9, None)
-    with pytest.raises(DsparkError, match="--draft-topk must be between 1 and"):
-        check_pair(ckpt, target_config, None, 300)
+    check_draft(ckpt, target_config)
+    config = DraftConfig.from_dict(ckpt.config)
+    head = MarkovHead.of_config(config, nvfp4=False)
+
+    def resolve(block_size=None, draft_topk=None):
+        return resolve_settings(config, head, False, Requested(block_size=block_size, draft_topk=draft_topk))
+
+    settings = resolve()
+    assert (settings.block_size, settings.trained_block_size, settings.draft_topk) == (8, 8, None)
+    assert resolve(3, 16).block_size == 3
+    with pytest.raises(SettingError, match="the block size 9 is larger than the 8 draft tokens"):
+        resolve(9)
+    with pytest.raises(SettingError, match="the draft top-k must be between 1 and"):
+        resolve(None, 300)
     with pytest.raises(DsparkError, match="cannot run with this target: DSP024"):
-        check_pair(ckpt, {**target_config, "hidden_size": 32}, None, None)
+        check_draft(ckpt, {**target_config, "hidden_size": 32})
     with pytest.raises(DsparkError, match="cannot run with this target: DSP103"):
-        check_pair(ckpt, {**target_config, "vocab_size": 512}, None, None)
+        check_draft(ckpt, {**target_config, "vocab_size": 512})
     with pytest.raises(DsparkError, match="DSP019"):
-        check_pair(ckpt, {**target_config, "num_hidden_layers": 2}, None, None)
+        check_draft(ckpt, {**target_config, "num_hidden_layers": 2})
 
 
 def test_generate_is_the_speculative_loop_on_the_loaded_pair(pair, pair_dirs):
@@ -65,15 +74,17 @@ def test_generate_is_the_speculative_loop_on_the_loaded_pair(pair, pair_dirs):
     assert ids == pair.tokenizer("hello world")["input_ids"]
     sampled = SamplingParams(temperature=1.0)
     for params in (SamplingParams(), sampled):
-        got = pair.generate(ids, max_new_tokens=30, params=params, seed=3)
-        expected = speculative_generate(target, draft, ids, params, block_size=8, max_new_tokens=30, stop_ids=[EOS],
+        settings = pair.checked.resolve(temperature=params.temperature)
+        got = pair.generate(ids, max_new_tokens=30, settings=settings, seed=3)
+        expected = generate(target, draft, ids, params, block_size=8, max_new_tokens=30, stop_ids=[EOS],
                                         generator=torch.Generator().manual_seed(3))
         assert got.tokens == expected.tokens
         assert [r.accepted for r in got.stats.rounds] == [r.accepted for r in expected.stats.rounds]
-    assert pair.stop_ids == [EOS] and pair.block_size == 8 and pair.strategy() == "dense"
+    assert pair.stop_ids == [EOS] and pair.block_size == 8 and pair.settings.markov == "dense"
     plain = pair.baseline("hello world", max_new_tokens=30)
     assert pair.generate("hello world", max_new_tokens=30).tokens == plain.tokens  # lossless at greedy
-    assert len(pair.generate(ids, max_new_tokens=30, block_size=2).stats.rounds[0].confidences) == 2
+    short = pair.checked.resolve(block_size=2)
+    assert len(pair.generate(ids, max_new_tokens=30, settings=short).stats.rounds[0].confidences) == 2
 
 
 def test_the_pairs_stop_ids_end_generation_unless_overridden(pair):
@@ -104,21 +115,21 @@ def test_check_refuses_bad_input_before_any_weight_is_read(pair_dirs, monkeypatc
     assert (checked.block_size, str(checked.dtype), checked.chat()) == (8, "torch.float32", False)
     with pytest.raises(DsparkError, match="4,097 positions, more than the 4,096"):
         checked.check_context([len(checked.encode("b" * 4000))], 97)
-    for options, message in [({"markov": "sparse"}, "--markov must be one of"),
-                             ({"confidence_threshold": 0.0}, "must be in \\(0, 1\\]"),
-                             ({"dtype": "int8"}, "--dtype must be"),
-                             ({"device": "tpu:x"}, "is not a device"),
-                             ({"block_size": 9}, "--block-size 9 is larger")]:
-        with pytest.raises(DsparkError, match=message):
+    for options, message in [({"markov": "sparse"}, "the Markov strategy must be one of"),
+                             ({"confidence_threshold": 0.0}, "the confidence threshold must be in \\(0, 1\\]"),
+                             ({"dtype": "int8"}, "the dtype must be"),
+                             ({"device": "tpu:x"}, "the device .* is not a device"),
+                             ({"block_size": 9}, "the block size 9 is larger"),
+                             ({"temperature": 1e-300}, "the temperature must be 0 \\(greedy\\) or at least")]:
+        with pytest.raises(SettingError, match=message):
             Pair.check(target, draft, **options)
-    with pytest.raises(DsparkError, match="pass both"):
+    with pytest.raises(DsparkError, match="give both a target and a draft"):
         Pair.check(target)
 
 
-def test_a_strategy_that_cannot_run_is_one_sentence(pair_dirs):
-    pair = Pair.load(*pair_dirs, device="cpu", markov="nvfp4", draft_topk=8)
-    with pytest.raises(DsparkError, match="--markov nvfp4: the nvfp4 Markov strategy needs"):
-        pair.generate("hi", max_new_tokens=2)
+def test_a_strategy_that_cannot_run_is_refused_before_loading(pair_dirs):
+    with pytest.raises(SettingError, match="the Markov strategy nvfp4: the nvfp4 Markov strategy needs"):
+        Pair.check(*pair_dirs, device="cpu", markov="nvfp4", draft_topk=8)
 
 
 def test_first_divergence():

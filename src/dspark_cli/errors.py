@@ -24,3 +24,18 @@ class DsparkError(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+SETTING_NAMES = {"block_size": "block size", "draft_topk": "draft top-k", "markov": "Markov strategy",
+                 "top_p": "top-p", "top_k": "top-k"}
+
+
+class SettingError(DsparkError, ValueError):
+    """A setting's value cannot be used (a ValueError too, for library callers). The runtime names the setting
+    ("the block size must be ..."); the CLI words it with the flag instead (cli/options.py FLAGS): `setting` is its
+    name in the library's API and `problem` the rest of the sentence."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"the {SETTING_NAMES.get(setting, setting.replace('_', ' '))} {problem}")
+        self.setting = setting
+        self.problem = problem

@@ -29,7 +29,7 @@ from dspark_cli.runtime.bench.run import (
     reference_walk,
     weight_bytes,
 )
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.settings import SamplingParams
 
 VOCAB, RANK, BLOCK, BATCH, TOPK = 512, 32, 4, 3, 16
 runner = CliRunner()

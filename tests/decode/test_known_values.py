@@ -9,6 +9,7 @@ Every test below was seen failing against a hand-made bug of the kind its docstr
 import math
 
 import pytest
+from dspark_cli.runtime.settings import trained_block_size
 import torch
 from ckpt_factory import DraftSpec, draft_config, tiny_target, write_draft
 
@@ -16,8 +17,9 @@ from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.measure.evaluation import PromptResult, bootstrap_ratio, set_statistics, stats_tau_interval
 from dspark_cli.runtime.measure.metrics import expected_calibration_error
 from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
-from dspark_cli.runtime.decode.sampling import SamplingParams, accept_batch, processed_logits, sample, target_probs
-from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, max_block_size, prefill
+from dspark_cli.runtime.decode.sampling import accept_batch, processed_logits, sample, target_probs
+from dspark_cli.runtime.settings import SamplingParams
+from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, prefill
 from dspark_cli.runtime.model.layers import RMSNorm
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.target import TargetModel
@@ -124,7 +126,7 @@ def test_dspark_bonus_anchor_resolves_the_query_layout(bonus_anchor, layout, per
     config["dspark_bonus_anchor"] = bonus_anchor
     resolved = DraftConfig.from_dict(config)
     assert resolved.sample_from_anchor is layout
-    assert max_block_size(resolved) == per_round
+    assert trained_block_size(resolved) == per_round
 
 
 # --- the training objective, the learning rate, the windows ------------------------------------------------------

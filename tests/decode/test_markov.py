@@ -7,8 +7,10 @@ from ckpt_factory import reduced_vocab_d2t
 
 from dspark_cli.kernels.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from dspark_cli.runtime.decode import markov
-from dspark_cli.runtime.decode.markov import MarkovResult, MarkovWeights, choose_strategy, draft_to_target
-from dspark_cli.runtime.decode.sampling import SamplingParams, gumbel_noise, processed_logits
+from dspark_cli.errors import SettingError
+from dspark_cli.runtime.decode.markov import MarkovResult, MarkovWeights, draft_to_target
+from dspark_cli.runtime.decode.sampling import gumbel_noise, processed_logits
+from dspark_cli.runtime.settings import MarkovHead, SamplingParams, resolve_markov
 
 V, VD, R, N = 40, 24, 32, 6  # target vocab, draft vocab (reduced, with d2t), Markov rank, block
 ANCHOR = 11
@@ -81,7 +83,7 @@ def test_gathered_strategies_agree_and_keep_only_the_candidates(weights, base, p
 @pytest.mark.parametrize(
     "strategy, params",
     [(s, p) for s in ("dense", "topk", "nvfp4") for p in (GREEDY, SAMPLED, FILTERED)]
-    + [("fused", GREEDY), ("fused", SAMPLED)],  # the fused walk refuses top-k / top-p (choose_strategy)
+    + [("fused", GREEDY), ("fused", SAMPLED)],  # the fused walk refuses top-k / top-p (resolve_markov)
 )
 def test_walk_samples_from_the_distribution_it_reports(weights, base, strategy, params):
     """token_i = argmax(processed(logits_i) + g_i) is an exact sample of q_i = target_probs(logits_i)
@@ -144,10 +146,6 @@ def test_sampling_without_noise_is_refused(weights, base):
         markov_walk("dense", weights, base, ANCHOR, SAMPLED)
 
 
-def dense_head(weights: MarkovWeights) -> MarkovWeights:
-    return MarkovWeights(weights.w1, weights.w2, None, weights.scale, weights.d2t)
-
-
 @pytest.mark.parametrize(
     "requested, topk, nvfp4, params, cuda, expected",
     [
@@ -160,25 +158,23 @@ def dense_head(weights: MarkovWeights) -> MarkovWeights:
         ("fused", 8, False, GREEDY, False, "fused"),  # the fused walk's torch twin runs on CPU too
     ],
 )
-def test_choose_strategy(weights, requested, topk, nvfp4, params, cuda, expected):
-    head = weights if nvfp4 else dense_head(weights)
-    assert choose_strategy(requested, head, topk, params, cuda) == expected
+def test_resolve_markov(requested, topk, nvfp4, params, cuda, expected):
+    assert resolve_markov(requested, MarkovHead(True, nvfp4=nvfp4), topk, params, cuda) == expected
 
 
-def test_choose_strategy_without_markov_head_is_dense():
-    assert choose_strategy("auto", None, 8, GREEDY, True) == "dense"
+def test_resolve_markov_without_markov_head_is_dense():
+    assert resolve_markov("auto", MarkovHead(False), 8, GREEDY, True) == "dense"
 
 
 @pytest.mark.parametrize(
     "requested, topk, nvfp4, params, message",
     [
-        ("sparse", 8, True, GREEDY, "unknown Markov strategy"),
-        ("topk", None, True, GREEDY, "pass --draft-topk"),
+        ("sparse", 8, True, GREEDY, "must be one of auto, dense"),
+        ("topk", None, True, GREEDY, "give a draft top-k"),
         ("nvfp4", 8, False, GREEDY, "markov_w2 is NVFP4"),
         ("fused", 8, True, FILTERED, "applies only a temperature"),
     ],
 )
-def test_choose_strategy_errors_name_the_fix(weights, requested, topk, nvfp4, params, message):
-    head = weights if nvfp4 else dense_head(weights)
-    with pytest.raises(ValueError, match=message):
-        choose_strategy(requested, head, topk, params, False)
+def test_resolve_markov_errors_name_the_fix(requested, topk, nvfp4, params, message):
+    with pytest.raises(SettingError, match=message):
+        resolve_markov(requested, MarkovHead(True, nvfp4=nvfp4), topk, params, False)

@@ -23,8 +23,9 @@ import torch
 from ckpt_factory import DraftSpec
 from pair_factory import bigram_draft, bigram_target
 
-from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy
-from dspark_cli.runtime.decode.sampling import SamplingParams, target_probs
+from dspark_cli.runtime.settings import MarkovHead, resolve_markov
+from dspark_cli.runtime.decode.sampling import target_probs
+from dspark_cli.runtime.settings import SamplingParams
 from dspark_cli.runtime.decode.speculative import Drafter, accept_block, draft_backbone, markov_stage, prefill
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.target import TargetModel
@@ -66,7 +67,7 @@ def test_acceptance_of_positions_1_and_2_matches_p_and_q(pair, params):
     target, draft = pair
     generator = torch.Generator().manual_seed(1)
     anchor, context = prefill(target, draft, torch.tensor(PROMPT), params, generator, capacity=16)
-    strategy = choose_strategy("auto", MarkovWeights.from_draft(draft), None, params, on_cuda=False)
+    strategy = resolve_markov("auto", MarkovHead.of_config(draft.config, nvfp4=False), None, params, on_cuda=False)
     drafter = Drafter(draft, strategy, params, target.vocab_size)
     hidden, base = draft_backbone(drafter, context, anchor, 2)  # [2, H], [2, Vd]: fixed for this context
     length = target.cache_length

@@ -9,23 +9,23 @@ bf16 (DeepSpec's format) unless named fp32, and loaded in float32.
 import time
 
 import pytest
+from dspark_cli.runtime.settings import trained_block_size
+from loop import generate
 import torch
 from ckpt_factory import DraftSpec, write_draft
 from pair_factory import bigram_draft, bigram_target
 
 from dspark_cli.runtime.model.draft import DraftContext
 from dspark_cli.runtime.model.draft_io import load_draft
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.settings import SamplingParams
 from dspark_cli.runtime.decode.speculative import (
     Drafter,
     accept_block,
     autoregressive_generate,
     check_lengths,
     draft_block,
-    max_block_size,
     prefill,
     score_block,
-    speculative_generate,
 )
 from dspark_cli.runtime.rounds import scored_length
 from dspark_cli.runtime.model.target import TargetModel
@@ -87,7 +87,7 @@ def reference(target):
 def run(target, draft, block_size, **options):
     options.setdefault("max_new_tokens", MAX_NEW)
     return [
-        speculative_generate(target, draft, prompt, GREEDY, block_size=block_size, stop_ids=[EOS], **options)
+        generate(target, draft, prompt, GREEDY, block_size=block_size, stop_ids=[EOS], **options)
         for prompt in PROMPTS
     ]
 
@@ -170,7 +170,7 @@ def test_length_limit_trims_the_last_round(target, drafts, reference):
 def test_stop_token_ends_generation_after_it(target, drafts, reference):
     expected = reference[0]
     for stop in dict.fromkeys(expected[1:12]):  # stops met as accepted drafts and as correction/bonus tokens
-        result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8,
+        result = generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8,
                                       max_new_tokens=MAX_NEW, stop_ids=[stop])
         assert result.tokens == expected[: expected.index(stop) + 1]
         assert result.finished_by_stop
@@ -179,7 +179,7 @@ def test_stop_token_ends_generation_after_it(target, drafts, reference):
 
 
 def test_stop_token_as_first_token_means_no_rounds(target, drafts, reference):
-    result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=MAX_NEW,
+    result = generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=MAX_NEW,
                                   stop_ids=[reference[0][0]])
     assert result.tokens == reference[0][:1] and result.stats.rounds == []
 
@@ -196,7 +196,7 @@ def test_sampling_is_reproducible_from_the_seed(target, drafts):
 
     def sample(seed):
         generator = torch.Generator().manual_seed(seed)
-        return speculative_generate(target, drafts["bf16"], PROMPTS[0], params, block_size=4, max_new_tokens=30,
+        return generate(target, drafts["bf16"], PROMPTS[0], params, block_size=4, max_new_tokens=30,
                                     generator=generator).tokens
 
     assert sample(3) == sample(3)
@@ -240,20 +240,20 @@ def test_bf16_pair_runs_and_starts_like_plain_decoding(pair_dirs):
     target_dir, draft_dirs = pair_dirs
     target = TargetModel.load(target_dir, [1, 3], dtype=torch.bfloat16)
     draft = load_draft(draft_dirs["nvfp4"], dtype=torch.bfloat16)
-    result = speculative_generate(target, draft, PROMPTS[0], GREEDY, block_size=8, max_new_tokens=20,
+    result = generate(target, draft, PROMPTS[0], GREEDY, block_size=8, max_new_tokens=20,
                                   strategy="nvfp4", draft_topk=16)
     plain = autoregressive_generate(target, PROMPTS[0], GREEDY, max_new_tokens=20)
     assert len(result.tokens) == 20 and result.tokens[0] == plain.tokens[0]
 
 
 def test_max_block_size_follows_the_query_layout(drafts):
-    assert max_block_size(drafts["bf16"].config) == 8  # N queries propose N tokens
-    assert max_block_size(drafts["layout-1+N"].config) == 8  # 1 + N queries: the anchor slot proposes nothing
+    assert trained_block_size(drafts["bf16"].config) == 8  # N queries propose N tokens
+    assert trained_block_size(drafts["layout-1+N"].config) == 8  # 1 + N queries: the anchor slot proposes nothing
 
 
 def test_threshold_without_confidence_head_is_refused(target, drafts):
     with pytest.raises(ValueError, match="confidence head"):
-        speculative_generate(target, drafts["dflash"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=4,
+        generate(target, drafts["dflash"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=4,
                              confidence_threshold=0.5)
 
 
@@ -261,7 +261,7 @@ def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference
     """Generation may end at a stop token long before max_new_tokens: the draft context grows as it goes."""
     expected = reference[0]
     stop = expected[5]
-    result = speculative_generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
+    result = generate(target, drafts["bf16"], PROMPTS[0], GREEDY, block_size=8, max_new_tokens=2**62,
                                   stop_ids=[stop])
     assert result.tokens == expected[: expected.index(stop) + 1] and result.finished_by_stop
 
@@ -269,7 +269,7 @@ def test_a_huge_length_limit_reserves_nothing_up_front(target, drafts, reference
 def test_each_round_is_timed_by_step_and_the_cache_lengths_are_checked(target, drafts):
     """One SectionTimer record per round with every step of the loop; check_lengths refuses a target cache
     that holds more positions than the draft context (a wrong crop would break the next round)."""
-    result = speculative_generate(target, drafts["fp32"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=20)
+    result = generate(target, drafts["fp32"], PROMPTS[0], GREEDY, block_size=4, max_new_tokens=20)
     sections = result.stats.sections
     assert len(sections) == len(result.stats.rounds) > 1
     steps = {"draft", "markov", "snapshot", "score", "accept", "commit"}

@@ -24,8 +24,9 @@ import torch
 from ckpt_factory import DraftSpec
 from pair_factory import bigram_draft, bigram_target
 from dspark_cli.runtime.model.draft_io import load_draft
-from dspark_cli.runtime.decode.sampling import SamplingParams, target_probs
-from dspark_cli.runtime.decode.speculative import speculative_generate
+from dspark_cli.runtime.decode.sampling import target_probs
+from dspark_cli.runtime.settings import SamplingParams
+from loop import generate
 from dspark_cli.runtime.model.target import TargetModel
 
 VOCAB = 4
@@ -78,7 +79,7 @@ def test_emitted_tokens_follow_the_target_distribution(pair):
     for g in range(GENERATIONS):
         prompt = [g % VOCAB]
         threshold = 0.05 if g % 2 else None  # every other generation verifies only confident prefixes
-        result = speculative_generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=TOKENS_EACH,
+        result = generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=TOKENS_EACH,
                                       confidence_threshold=threshold, generator=generator)
         sequence = torch.tensor(prompt + result.tokens)
         counts.index_put_((sequence[:-1], sequence[1:]), torch.ones(len(result.tokens), dtype=torch.float64),

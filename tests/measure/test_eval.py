@@ -162,14 +162,14 @@ def demo_models():
 
 
 def test_deepspec_length_rule_runs_one_more_round_at_exactly_the_limit(demo_models):
-    from dspark_cli.runtime.decode.sampling import SamplingParams
-    from dspark_cli.runtime.decode.speculative import speculative_generate
+    from dspark_cli.runtime.settings import SamplingParams
+    from loop import generate
 
     target, draft, tokenizer = demo_models
     ids = tokenizer(DEMO_PROMPTS[0])["input_ids"]
 
     def run(limit, rule):
-        return speculative_generate(target, draft, ids, SamplingParams(), block_size=7, max_new_tokens=limit,
+        return generate(target, draft, ids, SamplingParams(), block_size=7, max_new_tokens=limit,
                                     length_rule=rule)
 
     long = run(40, "stop")

@@ -24,7 +24,7 @@ from dspark_cli.runtime.demo import DEMO_DIR, DEMO_PROMPTS
 from dspark_cli.runtime.model.draft import DraftContext
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.pair import Pair
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.settings import SamplingParams
 from dspark_cli.runtime.decode.speculative import Drafter, draft_block
 from dspark_cli.runtime.train.loss import build_blocks, draft_forward
 

@@ -14,6 +14,7 @@ scripts/deepspec_parity.py runs the same comparisons against DeepSpec's own modu
 import math
 
 import pytest
+from loop import generate
 import torch
 import torch.nn.functional as F
 from ckpt_factory import DraftSpec, drop, target_config, write_draft
@@ -24,9 +25,11 @@ from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 from dspark_cli.runtime.checkpoint.read import open_checkpoint
 from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 from dspark_cli.runtime.decode import sampling
-from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy, markov_walk
-from dspark_cli.runtime.decode.sampling import SamplingParams
-from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, markov_stage, speculative_generate
+from dspark_cli.runtime.decode.markov import MarkovWeights, markov_walk
+from dspark_cli.errors import SettingError
+from dspark_cli.runtime.settings import MarkovHead, resolve_markov
+from dspark_cli.runtime.settings import SamplingParams
+from dspark_cli.runtime.decode.speculative import Drafter, draft_backbone, markov_stage
 from dspark_cli.runtime.model.draft import DraftContext
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.families import BACKBONES
@@ -188,9 +191,10 @@ def test_gated_and_rnn_heads_run_dense_topk_and_nvfp4_but_not_fused(tmp_path, he
     draft = load_draft(write_draft(tmp_path / "d", DraftSpec(markov_head_type=head, dtype=F32, markov_rank=32)))
     weights = MarkovWeights.from_draft(draft)
     greedy = SamplingParams()
-    assert choose_strategy("auto", weights, 8, greedy, on_cuda=True) == "topk"  # auto never picks fused for them
-    with pytest.raises(ValueError, match=f"implements only vanilla heads and this draft's head is {head}"):
-        choose_strategy("fused", weights, 8, greedy, on_cuda=True)
+    facts = MarkovHead.of_config(draft.config, nvfp4=False)
+    assert resolve_markov("auto", facts, 8, greedy, on_cuda=True) == "topk"  # auto never picks fused for them
+    with pytest.raises(SettingError, match=f"implements only vanilla heads and this draft's head is {head}"):
+        resolve_markov("fused", facts, 8, greedy, on_cuda=True)
     gen = torch.Generator().manual_seed(2)
     base = torch.randn(3, 5, 256, generator=gen)
     hidden = torch.randn(3, 5, 64, generator=gen)
@@ -248,7 +252,7 @@ def test_greedy_equals_target(pairs, family, head):
     accepted = 0
     for block_size in (1, 3, 6):
         for strategy, k in (("dense", None), ("topk", 5)):
-            result = speculative_generate(target, drafts[head], PROMPT, SamplingParams(), block_size=block_size,
+            result = generate(target, drafts[head], PROMPT, SamplingParams(), block_size=block_size,
                                           stop_ids=[1], max_new_tokens=MAX_NEW, strategy=strategy, draft_topk=k)
             assert result.tokens == expected, (block_size, strategy)
             accepted += sum(r.accepted for r in result.stats.rounds)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
+from loop import generate
 import torch
 from stateful_factory import FAMILIES, tiny_multimodal_qwen3_5, tiny_stateful_model, tiny_stateful_target
 from typer.testing import CliRunner
@@ -25,7 +26,7 @@ from typer.testing import CliRunner
 from dspark_cli.cli import app
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode import speculative
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.settings import SamplingParams
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.target import TargetModel
 from dspark_cli.runtime.model import target_state
@@ -175,7 +176,7 @@ def test_greedy_speculative_equals_target_greedy_for_every_acceptance_length(mod
     assert plain.tokens == own[0, len(PROMPT):].tolist()
     reference = PROMPT + plain.tokens
     planned_proposals(monkeypatch, reference, 3)
-    result = speculative.speculative_generate(target, draft, PROMPT, GREEDY, block_size=3, max_new_tokens=30)
+    result = generate(target, draft, PROMPT, GREEDY, block_size=3, max_new_tokens=30)
     assert result.tokens == plain.tokens
     accepted = [r.accepted for r in result.stats.rounds]
     assert {0, 1, 2, 3} <= set(accepted)
@@ -202,7 +203,7 @@ def test_rounds_that_keep_every_position_restore_and_replay_nothing(models, trai
 
     monkeypatch.setattr(target_state.StateSnapshot, "restore", restore)
     monkeypatch.setattr(target.state.replay, "run", run)
-    result = speculative.speculative_generate(target, draft, PROMPT, GREEDY, block_size=3, max_new_tokens=20)
+    result = generate(target, draft, PROMPT, GREEDY, block_size=3, max_new_tokens=20)
     assert result.tokens == plain.tokens
     continuing = result.stats.rounds[:-1]
     assert len(restored) == sum(r.accepted < 3 for r in continuing) > 0
@@ -234,7 +235,7 @@ def test_sampling_scores_every_block_with_the_targets_exact_conditionals(models,
     target = RecordingTarget(model, [i + 1 for i in layer_ids])
     draft = load_draft(trained[family][1], target_embed=target.embed_weight, target_lm_head=target.lm_head_weight)
     generator = torch.Generator().manual_seed(7)
-    result = speculative.speculative_generate(target, draft, PROMPT, SamplingParams(temperature=1.0), block_size=3,
+    result = generate(target, draft, PROMPT, SamplingParams(temperature=1.0), block_size=3,
                                               max_new_tokens=16, generator=generator)
     sequence = PROMPT + result.tokens
     assert len(target.scored) == len(result.stats.rounds) > 2

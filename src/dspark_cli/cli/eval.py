@@ -19,9 +19,12 @@ HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in De
 calibration in both definitions, and with --baseline the speedup. Without arguments: the shipped demo pair on its two
 shipped prompt sets, offline. --json saves the run as prompts finish; --resume continues it. docs/eval.md."""
 
-# The options that decide what a prompt produces: a resumed run must use the values stored in its file.
+# The options that decide what a prompt produces: a resumed run must use the values stored in its file. The run file
+# keeps them twice: as requested (settings.requested, what --resume compares the command line with) and resolved.
 RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
-            "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit")
+            "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit", "draft_topk",
+            "top_p", "top_k")
+RESOLVED_KEYS = ("block_size", "markov")  # a resumed run must resolve them as the run did
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +45,11 @@ def eval_command(
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="enable_thinking for the chat template "
                                   "(DeepSpec's evaluator: off)."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off); applied to target and draft."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0 = off); applied to target and draft."),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: trained)."),
+    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position (default: "
+                                             "the config's dspark_draft_topk, else the dense Markov stage)."),
     markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused."),
     confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only "
                                                          "a prefix chosen by the confidence head (--confidence-rule)."),
@@ -109,13 +116,12 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.measure import evaluation as ev
-    from dspark_cli.runtime.pair import CONFIDENCE_RULES
 
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
     json_path = o.json_path
     if o.resume is not None:
         run = ev.EvalRun.load(o.resume)
-        _check_resume(run.settings, given, o.resume)
+        _check_resume(run.settings.get("requested", run.settings), given, o.resume)
         _check_resume_calibration(run.settings["calibration"], o.calibration, o.resume)
         settings = dict(run.settings)
         if o.data:  # Typer gives an empty list when --data is not passed
@@ -133,17 +139,16 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
             data = data or list(ev.SHIPPED_SETS)
         if not data:
             raise DsparkError("give at least one prompt set with --data FILE.")
-        if o.confidence_rule not in CONFIDENCE_RULES:
-            raise DsparkError(f"--confidence-rule must be survival or per-slot, got {o.confidence_rule!r}.")
         sets = [ev.read_prompt_set(path, o.limit, o.seed) for path in data]
-        settings = {"target": target, "draft": draft, "calibration": _calibration_setting(o.calibration),
-                    **{key: getattr(o, key) for key in RUN_KEYS if key not in ("target", "draft")}}
+        requested = {"target": target, "draft": draft,
+                     **{key: getattr(o, key) for key in RUN_KEYS if key not in ("target", "draft")}}
+        settings = {**requested, "calibration": _calibration_setting(o.calibration), "requested": requested}
         run = ev.EvalRun(settings, sets)
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
-    session = _load(settings, sets, out, dist)
+    session = _load(settings, sets, out, dist, resumed=o.resume is not None)
     run.settings = settings
     return run, sets, settings, session, json_path, old
 
@@ -279,54 +284,80 @@ def _check_resume_calibration(stored: dict | None, given: Path | None, path: Pat
 
 
 def _check_resume(stored: dict, given: dict, path: Path) -> None:
+    """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
+    ones): the original flags resume, a different one is named."""
     from dspark_cli.errors import DsparkError
 
     for key in RUN_KEYS:
-        if key in given and given[key] != stored.get(key):
+        if key in given and not _same_request(key, given[key], stored.get(key, _DEFAULTS.get(key))):
             flag = "--" + key.replace("_", "-")
             raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
                               "resume with the stored settings, or start a new run.")
 
 
-def _load(settings: dict, sets: list, out: Console, dist):
+_DEFAULTS = {"draft_topk": None, "top_p": 1.0, "top_k": 0}  # the flags runs before --draft-topk/--top-p/--top-k had
+
+
+def _same_request(key: str, given, stored) -> bool:
+    """Equal requests; a target or draft path names the same place however it is spelled (a trailing slash)."""
+    if key in ("target", "draft") and isinstance(given, str) and isinstance(stored, str):
+        return given == stored or Path(given) == Path(stored)
+    return given == stored
+
+
+def _load(settings: dict, sets: list, out: Console, dist, resumed: bool):
     """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
     session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
     and chat into `settings`."""
     from dspark_cli.runtime.measure import evaluation as ev
-    from dspark_cli.runtime.pair import Pair, SamplingParams
+    from dspark_cli.runtime.pair import Pair
 
     s = settings
-    device = str(dist.device(options.torch_device(s["device"])))  # under torchrun on CUDA: this rank's GPU
-    checked = Pair.check(s["target"], s["draft"], device=device, dtype=s["dtype"], block_size=s["block_size"],
-                         markov=s["markov"], confidence_threshold=s["confidence_threshold"])
+    asked = {**_DEFAULTS, **s.get("requested", s)}  # what the run asked for, resolved again here
+    device = str(dist.device(options.torch_device(asked["device"])))  # under torchrun on CUDA: this rank's GPU
+    calibration = s["calibration"]
+    checked = Pair.check(s["target"], s["draft"], device=device, dtype=asked["dtype"],
+                         temperatures=None if calibration is None else calibration["temperatures"],
+                         block_size=asked["block_size"], draft_topk=asked["draft_topk"], markov=asked["markov"],
+                         temperature=s["temperature"], top_p=asked["top_p"], top_k=asked["top_k"],
+                         confidence_threshold=s["confidence_threshold"], confidence_rule=s["confidence_rule"],
+                         length_rule="deepspec")
+    if resumed:
+        _check_resolved(s, checked.settings)
     _warn(out, checked.warnings)
     use_chat = checked.chat(s["chat"])
     encoded = ev.encode_sets(checked, sets, use_chat, s["thinking"], s["max_new_tokens"])
     with out.status("loading the target and the draft"):
         pair = checked.load(progress=False)
     _warn(out, pair.warnings[len(checked.warnings) :])
-    params = SamplingParams(temperature=s["temperature"])
-    s.update(block_size=pair.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
-             markov=pair.strategy(params), chat=use_chat, draft_kind=pair.draft_kind)
-    lengths = {"max_new_tokens": s["max_new_tokens"], "params": params}
-    rules = {"confidence_rule": s["confidence_rule"], "length_rule": "deepspec"}
-    if s["calibration"] is not None:
-        from dspark_cli.runtime.measure.calibration import check_temperatures
-
-        rules["confidence_temperatures"] = check_temperatures(s["calibration"]["temperatures"], pair.block_size,
-                                                              s["calibration"]["path"])
+    resolved = pair.settings
+    s.update(block_size=resolved.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
+             markov=resolved.markov, draft_topk=resolved.draft_topk, chat=use_chat, draft_kind=pair.draft_kind)
+    lengths = {"max_new_tokens": s["max_new_tokens"]}
     warm = [True]
 
     def session(set_name: str, index: int, text: str):
         ids = encoded[set_name, index]
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths, **rules)
+            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths)
             warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **lengths, **rules)
+        result = pair.generate(ids, seed=s["seed"] + index, **lengths)
         reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
         return ev.prompt_result(set_name, index, text, result, reference)
 
     return session
+
+
+def _check_resolved(stored: dict, resolved) -> None:
+    """A resumed run (its settings already resolved once) must resolve to the same block size and Markov
+    strategy: its finished prompts were produced with them."""
+    from dspark_cli.errors import DsparkError
+
+    now = {"block_size": resolved.block_size, "markov": resolved.markov}
+    for key in RESOLVED_KEYS:
+        if stored[key] != now[key]:
+            raise DsparkError(f"the run resolved {key.replace('_', ' ')} to {stored[key]!r} and this pair now "
+                              f"resolves it to {now[key]!r} (a changed draft or device); start a new run.")
 
 
 def _warn(out: Console, warnings: list[str]) -> None:

@@ -59,12 +59,12 @@ def generate(
                                                "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
                                                "and the calibration scores; the output is unchanged."),
 ) -> None:
-    from dspark_cli.cli.generate_report import Settings, json_document, print_report
+    from dspark_cli.cli.generate_report import json_document, print_report, settings_document
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.demo import DEMO_PROMPTS
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
     from dspark_cli.runtime.measure.metrics import summarize
-    from dspark_cli.runtime.pair import Pair, SamplingParams
+    from dspark_cli.runtime.pair import Pair
     from dspark_cli.runtime.threads import check_threads, set_threads
 
     out = render.err_console if options.to_stdout(json_path) else render.console
@@ -74,15 +74,12 @@ def generate(
     if not texts:
         raise DsparkError("give a PROMPT argument or --prompts FILE.")
     try:
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    except ValueError as error:
-        raise DsparkError(f"{error}.") from None
-    try:
         check_threads(threads)  # before anything loads: --threads 100000 would exhaust the host's process ids
     except ValueError as error:
         raise DsparkError(f"--threads: {error}.") from None
-    checked = Pair.check(target, draft, device=device, dtype=dtype, block_size=block_size, draft_topk=draft_topk,
-                         markov=markov, confidence_threshold=confidence_threshold)
+    checked = Pair.check(target, draft, device=device, dtype=dtype, temperatures=_temperatures(calibration),
+                         block_size=block_size, draft_topk=draft_topk, markov=markov, temperature=temperature,
+                         top_p=top_p, top_k=top_k, confidence_threshold=confidence_threshold)
     inputs = (local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
               + local_inputs("--calibration file", [calibration]))
     check_output_file(json_path, inputs + [("draft checkpoint", checked.checkpoint.local_dir)], "--json file")
@@ -91,22 +88,17 @@ def generate(
     prompt_ids = [checked.encode(text, use_chat) for text in texts]
     checked.check_context([len(ids) for ids in prompt_ids], max_new_tokens)
 
-    temperatures = _temperatures(calibration, checked.block_size)
     with out.status("loading the target and the draft"):
         pair = checked.load(progress=False)
         set_threads(threads, pair.target.model, pair.draft)
     _warn(out, pair.warnings[len(checked.warnings) :])
-    settings = Settings(checked.target_source, checked.draft_source, str(pair.device),
-                        str(checked.dtype).removeprefix("torch."), pair.block_size, checked.check.trained_block_size,
-                        pair.strategy(params), pair.draft_topk, confidence_threshold, temperature, top_p, top_k,
-                        max_new_tokens, seed, use_chat, pair.warnings, draft_kind=pair.draft_kind)
+    settings = settings_document(checked, pair, max_new_tokens, seed, use_chat)
     with out.status("warming up"):
-        pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, params=params, seed=seed,
-                     confidence_temperatures=temperatures)
-    runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, temperatures,
-                                               max_new_tokens=max_new_tokens, params=params, seed=seed)
+        pair.warm_up(prompt_ids[0], max_new_tokens=max_new_tokens, baseline=baseline, seed=seed)
+    runs, stats, baseline_stats = _run_prompts(pair, texts, prompt_ids, out, baseline, max_new_tokens=max_new_tokens,
+                                               seed=seed)
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
-    print_report(out, settings, summary, runs, baseline, params.greedy)
+    print_report(out, settings, summary, runs, baseline, pair.settings.sampling.greedy)
     if json_path is not None:
         render.emit_json(json_document(settings, summary, runs, stats), json_path)
 
@@ -116,17 +108,16 @@ def _warn(out, warnings: list[str]) -> None:
         out.print(Text(f"warning: {warning}", style="yellow"))
 
 
-def _temperatures(path: Optional[Path], block_size: int) -> list[float] | None:
-    """--calibration's STS temperatures for the block (None without the option)."""
+def _temperatures(path: Optional[Path]) -> list[float] | None:
+    """--calibration's STS temperatures (None without the option); Pair.check checks they cover the block."""
     if path is None:
         return None
-    from dspark_cli.runtime.measure.calibration import check_temperatures, load_temperatures
+    from dspark_cli.runtime.measure.calibration import load_temperatures
 
-    return check_temperatures(load_temperatures(path), block_size, str(path))
+    return load_temperatures(path)
 
 
-def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, baseline: bool,
-                 temperatures: list[float] | None, **options):
+def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, baseline: bool, **options):
     """Each prompt streamed as it is accepted, then (with baseline) decoded plainly. -> runs, stats, baseline stats."""
     from dspark_cli.cli.generate_report import PromptRun, Stream
     from dspark_cli.runtime.pair import first_divergence
@@ -135,7 +126,7 @@ def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, basel
     for index, (text, ids) in enumerate(zip(texts, prompt_ids)):
         out.print(Text(f"\n[{index + 1}/{len(texts)}] ", style="bold cyan") + Text(text, style="dim"))
         stream = Stream(pair.tokenizer, out)
-        result = pair.generate(ids, on_tokens=stream, confidence_temperatures=temperatures, **options)
+        result = pair.generate(ids, on_tokens=stream, **options)
         stream.finish()
         run = PromptRun(text, len(ids), stream.text(), result.tokens, result.finished_by_stop)
         stats.append(result.stats)
@@ -144,7 +135,7 @@ def _run_prompts(pair, texts: list[str], prompt_ids: list[list[int]], out, basel
                 plain = pair.baseline(ids, **options)
             baseline_stats.append(plain.stats)
             run.baseline_tokens = plain.tokens
-            if options["params"].greedy:
+            if pair.settings.sampling.greedy:
                 run.first_divergence = first_divergence(result.tokens, plain.tokens)
         runs.append(run)
     return runs, stats, baseline_stats

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -35,25 +35,16 @@ class PromptRun:
         return doc
 
 
-@dataclass
-class Settings:
-    target: str
-    draft: str
-    device: str
-    dtype: str
-    block_size: int
-    trained_block_size: int | None
-    markov: str
-    draft_topk: int | None
-    confidence_threshold: float | None
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
-    seed: int
-    chat: bool
-    warnings: list[str] = field(default_factory=list)
-    draft_kind: str = ""  # e.g. "Gemma-4 draft, rnn Markov head" (Pair.draft_kind)
+def settings_document(checked, pair, max_new_tokens: int, seed: int, chat: bool) -> dict[str, Any]:
+    """The run's settings as --json writes them (the keys and their order are the document's): the checked pair's
+    resolved DecodeSettings plus what the command added."""
+    s = checked.settings
+    return {"target": checked.target_source, "draft": checked.draft_source, "device": str(pair.device),
+            "dtype": str(checked.dtype).removeprefix("torch."), "block_size": s.block_size,
+            "trained_block_size": s.trained_block_size, "markov": s.markov, "draft_topk": s.draft_topk,
+            "confidence_threshold": s.verify.threshold, "temperature": s.sampling.temperature,
+            "top_p": s.sampling.top_p, "top_k": s.sampling.top_k, "max_new_tokens": max_new_tokens, "seed": seed,
+            "chat": chat, "warnings": pair.warnings, "draft_kind": pair.draft_kind}
 
 
 class Stream:
@@ -82,24 +73,24 @@ class Stream:
 # --- report ----------------------------------------------------------------------------------------------------------
 
 
-def json_document(settings: Settings, summary: "Summary", runs: list[PromptRun], stats: list) -> dict[str, Any]:
+def json_document(settings: dict[str, Any], summary: "Summary", runs: list[PromptRun], stats: list) -> dict[str, Any]:
     """Every number of the run for --json: settings, summary, τ's interval, per prompt, and every round."""
     from dspark_cli.runtime.measure.evaluation import stats_tau_interval
     from dspark_cli.runtime.measure.metrics import round_dicts
 
     tau = stats_tau_interval(stats)
-    return {"settings": settings.__dict__, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
+    return {"settings": settings, "summary": summary.to_dict(), "tau_ci": [tau.low, tau.high],
             "prompts": [run.to_dict() for run in runs], "rounds": [round_dicts(s) for s in stats]}
 
 
-def print_report(out: Console, settings: Settings, summary: "Summary", runs: list[PromptRun], baseline: bool,
+def print_report(out: Console, settings: dict[str, Any], summary: "Summary", runs: list[PromptRun], baseline: bool,
                  greedy: bool) -> None:
     out.print(Text("\ndspark generate", style="bold") + Text(
-        f"  {settings.draft_kind + ', ' if settings.draft_kind else ''}block {settings.block_size}, "
-        f"markov {settings.markov}"
-        + (f" (top-{settings.draft_topk})" if settings.draft_topk and settings.markov != "dense" else "")
-        + (f", confidence >= {settings.confidence_threshold}" if settings.confidence_threshold else "")
-        + f", T={settings.temperature}, {settings.device} {settings.dtype}", style="dim"))
+        f"  {settings['draft_kind'] + ', ' if settings['draft_kind'] else ''}block {settings['block_size']}, "
+        f"markov {settings['markov']}"
+        + (f" (top-{settings['draft_topk']})" if settings["draft_topk"] and settings["markov"] != "dense" else "")
+        + (f", confidence >= {settings['confidence_threshold']}" if settings["confidence_threshold"] else "")
+        + f", T={settings['temperature']}, {settings['device']} {settings['dtype']}", style="dim"))
     out.print(_acceptance_chart(summary))
     out.print(_histogram_chart(summary))
     out.print(_metrics_table(summary))
@@ -113,7 +104,7 @@ def print_report(out: Console, settings: Settings, summary: "Summary", runs: lis
             out.print(Text(f"greedy output identical to plain decoding on all {len(runs)} prompts", style="green"))
         else:
             where = ", ".join(f"prompt {i + 1} at token {j}" for i, j in diverged)
-            out.print(Text(f"greedy output differs from plain decoding: {where}. In {settings.dtype} a block score "
+            out.print(Text(f"greedy output differs from plain decoding: {where}. In {settings['dtype']} a block score "
                            "and one-token decoding round differently, so logit near-ties can flip; float32 is "
                            "token-identical (docs/generate.md).", style="yellow"))
 

@@ -13,11 +13,16 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from dspark_cli.errors import DsparkError
+from dspark_cli.errors import DsparkError, SettingError
 
 if TYPE_CHECKING:
     import torch
 
+# The flag of each setting the runtime names (errors.SettingError): the CLI words its errors with the flag.
+FLAGS = {"block_size": "--block-size", "draft_topk": "--draft-topk", "markov": "--markov",
+         "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+         "confidence_threshold": "--confidence-threshold", "confidence_rule": "--confidence-rule",
+         "calibration": "--calibration", "device": "--device", "dtype": "--dtype"}
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 STDOUT = "-"
 
@@ -71,3 +76,10 @@ def torch_dtype(name: str, device: "torch.device") -> "torch.dtype":
         return resolve_dtype(name, device)
     except ValueError as error:
         raise DsparkError(f"--dtype {error}.") from None
+
+
+def worded(error: DsparkError) -> str:
+    """The sentence the user reads: a SettingError names the flag where the runtime named the setting."""
+    if isinstance(error, SettingError) and error.setting in FLAGS:
+        return f"{FLAGS[error.setting]} {error.problem}"
+    return error.message

@@ -15,6 +15,7 @@ from rich.console import Console
 from typer.core import TyperCommand
 from rich.markup import escape
 
+from dspark_cli.cli import options
 from dspark_cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
 
 console = Console()
@@ -60,7 +61,7 @@ def handle_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except DsparkError as error:
-            _print_error(_with_written(error.message, files))
+            _print_error(_with_written(options.worded(error), files))
             raise typer.Exit(error.exit_code) from None
         except ValueError as error:
             _print_error(_with_written(sentence(str(error)), files))

@@ -6,7 +6,8 @@
     print(pair.decode(result.tokens))         # result.stats: one RoundRecord per round (metrics.summarize -> τ)
 
 Loading has two steps, so that a caller can refuse bad input before any weight is read: `Pair.check` reads only
-headers and configs (validate's rules, block size, top-k, Markov strategy name, device and dtype) and gives a
+headers and configs (validate's rules, device and dtype) and resolves the decode settings once
+(settings.resolve_settings: block size, draft top-k, Markov strategy, sampling, verify and length rules), giving a
 CheckedPair that encodes prompts and checks them against the target's context; `CheckedPair.load` reads the
 weights (and warns about NaN/inf in the draft). `Pair.load` does both. `dspark generate` and `dspark eval` are
 this API plus option parsing and rendering.
@@ -22,37 +23,40 @@ from typing import Iterator, Sequence
 
 import torch
 
-from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.devices import resolve_device, resolve_dtype
-from dspark_cli.runtime.decode.markov import STRATEGIES, MarkovWeights, choose_strategy
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.errors import DsparkError, SettingError
 from dspark_cli.runtime.decode.speculative import (
     GenerationResult,
     TokenCallback,
     autoregressive_generate,
-    max_block_size,
     speculative_generate,
 )
+from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.rounds import CONFIDENCE_RULES
+from dspark_cli.runtime.settings import (
+    MARKOV_CHOICES,
+    DecodeSettings,
+    MarkovHead,
+    Requested,
+    SamplingParams,
+    resolve_settings,
+)
 
-MARKOV_CHOICES = ("auto", *STRATEGIES)
-__all__ = ["Pair", "CheckedPair", "SamplingParams", "GenerationResult", "CONFIDENCE_RULES", "MARKOV_CHOICES",
-           "first_divergence"]
-GREEDY = SamplingParams()
+__all__ = ["Pair", "CheckedPair", "SamplingParams", "DecodeSettings", "Requested", "GenerationResult",
+           "CONFIDENCE_RULES", "MARKOV_CHOICES", "first_divergence"]
 
 # --- device, dtype, tokenizer ----------------------------------------------------------------------------------
 
 
 def _device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """devices.resolve_device / resolve_dtype, their ValueError as one sentence naming the option."""
+    """devices.resolve_device / resolve_dtype, their ValueError as a SettingError naming the setting."""
     try:
         torch_device = resolve_device(device)
     except ValueError as error:
-        raise DsparkError(f"--device {error}.") from None
+        raise SettingError("device", f"{error}.") from None
     try:
         return torch_device, resolve_dtype(dtype, torch_device)
     except ValueError as error:
-        raise DsparkError(f"--dtype {error}.") from None
+        raise SettingError("dtype", f"{error}.") from None
 
 
 def load_tokenizer(target: str):
@@ -83,20 +87,9 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
 # --- pre-load checks ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class PairCheck:
-    """What check_pair resolved before any weights are loaded."""
-
-    block_size: int  # draft tokens per round
-    trained_block_size: int | None  # the most the draft was trained for (None: its config does not say)
-    draft_topk: int | None  # candidate count of the gathered Markov strategies (None: dense)
-    warnings: list[str]  # validate's warnings, one sentence each
-
-
-def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: int | None) -> PairCheck:
-    """Pre-load checks of a draft checkpoint against its target's config.json: validate's rules (vocab,
-    hidden size, depth, tensors), then the block size and --draft-topk. DsparkError names the first problem."""
-    from dspark_cli.runtime.checkpoint.config import DraftConfig
+def check_draft(ckpt, target_config: dict):
+    """validate's rules on a draft checkpoint against its target's config.json -> validate's Report; DsparkError
+    names the first error dspark itself cannot run (what only vLLM refuses is a warning here)."""
     from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY, validate_checkpoint
 
     report = validate_checkpoint(ckpt, target_config)
@@ -106,23 +99,20 @@ def check_pair(ckpt, target_config: dict, block_size: int | None, draft_topk: in
         more = f" ({len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise DsparkError(f"{ckpt.source} cannot run with this target: {first.code} {first.message} Fix: "
                           f"{first.hint}{more} Run `dspark validate {ckpt.source} --target ...` for every finding.")
-    config = DraftConfig.from_dict(ckpt.config)
-    trained = max_block_size(config)
-    if block_size is None:
-        if trained is None:
-            raise DsparkError(f"{ckpt.source}: config.json has no block_size; pass --block-size N.")
-        block_size = trained
-    if block_size < 1:
-        raise DsparkError(f"--block-size must be at least 1, got {block_size}.")
-    if trained is not None and block_size > trained:
-        raise DsparkError(f"--block-size {block_size} is larger than the {trained} draft tokens per round "
-                          f"{ckpt.source} was trained for; pass --block-size {trained} or less.")
-    draft_topk = config.dspark_draft_topk if draft_topk is None else draft_topk
-    vd = config.draft_vocab_size
-    if draft_topk is not None and not 1 <= draft_topk <= vd:
-        raise DsparkError(f"--draft-topk must be between 1 and the draft vocabulary size {vd}, got {draft_topk}.")
-    warnings = [f"{f.code} {f.message}" for f in report.warnings + [e for e in report.errors if e not in errors]]
-    return PairCheck(block_size, trained, draft_topk, warnings)
+    return report
+
+
+def report_warnings(report) -> list[str]:
+    """validate's warnings, and the errors only vLLM refuses, one sentence each."""
+    from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY
+
+    vllm_only = [f for f in report.errors if f.code in VLLM_ONLY]
+    return [f"{f.code} {f.message}" for f in report.warnings + vllm_only]
+
+
+def nvfp4_head(report) -> bool:
+    """Whether validate found markov_w2 stored as NVFP4."""
+    return (report.resolved.get("head_format") or "").startswith("nvfp4")
 
 
 def context_limit(target_config: dict) -> int | None:
@@ -188,21 +178,27 @@ class CheckedPair:
     target_config: dict
     device: torch.device
     dtype: torch.dtype
-    markov: str  # requested: one of MARKOV_CHOICES
-    confidence_threshold: float | None
-    check: PairCheck
+    settings: DecodeSettings  # resolved once, here
+    warnings: list[str]  # validate's warnings (and what only vLLM refuses), one sentence each
+    draft_config: object  # runtime.checkpoint.config.DraftConfig
+    head: MarkovHead
 
     @property
     def block_size(self) -> int:
-        return self.check.block_size
+        return self.settings.block_size
 
     @property
     def draft_topk(self) -> int | None:
-        return self.check.draft_topk
+        return self.settings.draft_topk
 
-    @property
-    def warnings(self) -> list[str]:
-        return self.check.warnings
+    def resolve(self, **changes) -> DecodeSettings:
+        """The settings with some requests changed (Requested's fields), resolved by the same rules as the check:
+        e.g. pair.generate(prompt, settings=pair.checked.resolve(temperature=1.0))."""
+        from dataclasses import replace
+
+        requested = replace(self.settings.requested, **changes)
+        return resolve_settings(self.draft_config, self.head, self.device.type == "cuda", requested,
+                                self.settings.verify.temperatures)
 
     @cached_property
     def tokenizer(self):
@@ -227,11 +223,10 @@ class CheckedPair:
 
     def load(self, progress: bool = True) -> "Pair":
         """Read the weights: the target (with hidden-state capture) and the draft sharing its embedding / head."""
-        from dspark_cli.runtime.checkpoint.config import DraftConfig
         from dspark_cli.runtime.model.draft_io import load_draft
         from dspark_cli.runtime.model.target import TargetModel
 
-        indices = DraftConfig.from_dict(self.checkpoint.config).hidden_state_indices
+        indices = self.draft_config.hidden_state_indices
         with _progress_bars(progress):
             target = TargetModel.load(self.target_source, indices, dtype=self.dtype, device=self.device)
             draft = load_draft(self.checkpoint, target_embed=target.embed_weight,
@@ -240,8 +235,6 @@ class CheckedPair:
         corrupt = nonfinite_warning(self.draft_source, nonfinite_weights(draft))
         if corrupt is not None:
             warnings.append(corrupt)
-        if self.confidence_threshold is not None and draft.confidence_head is None:
-            raise DsparkError(f"{self.draft_source} has no confidence head, so --confidence-threshold cannot be used.")
         return Pair(self, target, draft, stop_ids(target, self.tokenizer), warnings)
 
 
@@ -263,41 +256,45 @@ class Pair:
         *,
         device: str = "auto",
         dtype: str = "auto",
-        block_size: int | None = None,
-        draft_topk: int | None = None,
-        markov: str = "auto",
-        confidence_threshold: float | None = None,
+        temperatures: Sequence[float] | None = None,
+        **requested,
     ) -> CheckedPair:
         """Resolve and check everything that needs no weights. target/draft: folder or hub id; both None: the demo
-        pair. block_size / draft_topk None: the draft config's. DsparkError names the first problem."""
+        pair. requested: settings.Requested's fields (block_size, draft_topk, markov, temperature, top_p, top_k,
+        confidence_threshold, confidence_rule, length_rule), None / "auto" meaning the draft's own; temperatures:
+        STS temperatures for the confidences (calibration.load_temperatures). DsparkError names the first problem
+        (a SettingError names the setting)."""
+        from dspark_cli.runtime.checkpoint.config import DraftConfig
         from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+        from dspark_cli.runtime.checkpoint.stateful import one_at_a_time_warning
+        from dspark_cli.runtime.checkpoint.target_files import check_target_files
         from dspark_cli.runtime.demo import demo_pair
         from dspark_cli.runtime.io.paths import require_utf8_path
-        from dspark_cli.runtime.checkpoint.target_files import check_target_files
-        from dspark_cli.runtime.checkpoint.stateful import one_at_a_time_warning
         from dspark_cli.runtime.model.target_state import family_of_target
 
         if (target is None) != (draft is None):
-            raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
+            raise DsparkError("give both a target and a draft, or neither to use the demo pair.")
         if target is None:
             target, draft = demo_pair()
         target, draft = str(target), str(draft)
-        if confidence_threshold is not None and not 0.0 < confidence_threshold <= 1.0:
-            raise DsparkError(f"--confidence-threshold must be in (0, 1], got {confidence_threshold}.")
-        if markov not in MARKOV_CHOICES:
-            raise DsparkError(f"--markov must be one of {', '.join(MARKOV_CHOICES)}, got {markov!r}.")
+        wanted = Requested(**requested)
         torch_device, torch_dtype = _device_and_dtype(device, dtype)
-        require_utf8_path(target, "--target")
-        require_utf8_path(draft, "--draft")
+        require_utf8_path(target, "the target")
+        require_utf8_path(draft, "the draft")
         ckpt = open_checkpoint(draft)  # headers only
         target_config = read_target_config(target)
         built = check_target_files(target)  # config values and weight headers: one sentence before any weight is read
         family = family_of_target(built)  # DsparkError: a state dspark cannot roll back
-        check = check_pair(ckpt, target_config, block_size, draft_topk)
+        report = check_draft(ckpt, target_config)
+        config = DraftConfig.from_dict(ckpt.config)
+        head = MarkovHead.of_config(config, nvfp4_head(report))
+        kept = None if temperatures is None else tuple(temperatures)
+        settings = resolve_settings(config, head, torch_device.type == "cuda", wanted, kept)
+        warnings = report_warnings(report)
         if family is not None and not family.block_scoring:
-            check.warnings.append(one_at_a_time_warning(family))
-        return CheckedPair(target, draft, ckpt, target_config, torch_device, torch_dtype, markov, confidence_threshold,
-                           check)
+            warnings.append(one_at_a_time_warning(family))
+        return CheckedPair(target, draft, ckpt, target_config, torch_device, torch_dtype, settings, warnings, config,
+                           head)
 
     @classmethod
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, **options) -> "Pair":
@@ -335,14 +332,9 @@ class Pair:
         head = f"{config.markov_head_type} Markov head" if config.markov_rank else "no Markov head"
         return f"{config.family_title} draft, {head}"
 
-    def strategy(self, params: SamplingParams = GREEDY) -> str:
-        """The Markov strategy the requested one resolves to under `params`; DsparkError when it cannot run."""
-        markov = self.checked.markov
-        try:
-            return choose_strategy(markov, MarkovWeights.from_draft(self.draft), self.draft_topk, params,
-                                   self.device.type == "cuda")
-        except ValueError as error:
-            raise DsparkError(f"--markov {markov}: {error}.") from None
+    @property
+    def settings(self) -> DecodeSettings:
+        return self.checked.settings
 
     # --- generation ---
 
@@ -351,24 +343,16 @@ class Pair:
         prompt: str | Sequence[int] | torch.Tensor,
         *,
         max_new_tokens: int = 128,
-        params: SamplingParams = GREEDY,
         seed: int = 0,
-        block_size: int | None = None,
-        confidence_rule: str = "survival",
-        confidence_temperatures: Sequence[float] | None = None,
-        length_rule: str = "stop",
+        settings: DecodeSettings | None = None,
         stop_ids: Sequence[int] | None = None,
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         """Speculative decoding of one prompt (text is encoded with `encode`; ids are used as they are).
-        block_size / stop_ids None: the pair's; seed: of the torch.Generator every random draw uses;
-        confidence_temperatures: STS temperatures for the confidences (calibration.load_temperatures)."""
-        return speculative_generate(self.target, self.draft, self._ids(prompt), params,
-                                    block_size=self.block_size if block_size is None else block_size,
-                                    max_new_tokens=max_new_tokens, strategy=self.strategy(params),
-                                    draft_topk=self.draft_topk, confidence_threshold=self.checked.confidence_threshold,
-                                    confidence_rule=confidence_rule,
-                                    confidence_temperatures=confidence_temperatures, length_rule=length_rule,
+        settings / stop_ids None: the pair's (other settings: `self.checked.resolve(...)`); seed: of the
+        torch.Generator every random draw uses."""
+        return speculative_generate(self.target, self.draft, self._ids(prompt), settings or self.settings,
+                                    max_new_tokens=max_new_tokens,
                                     stop_ids=self.stop_ids if stop_ids is None else stop_ids,
                                     generator=self._generator(seed), on_tokens=on_tokens)
 
@@ -377,24 +361,25 @@ class Pair:
         prompt: str | Sequence[int] | torch.Tensor,
         *,
         max_new_tokens: int = 128,
-        params: SamplingParams = GREEDY,
         seed: int = 0,
+        settings: DecodeSettings | None = None,
         stop_ids: Sequence[int] | None = None,
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
-        """Plain one-token-per-forward decoding of the same prompt by the target alone."""
-        return autoregressive_generate(self.target, self._ids(prompt), params, max_new_tokens=max_new_tokens,
+        """Plain one-token-per-forward decoding of the same prompt by the target alone, with the settings'
+        sampling."""
+        sampling = (settings or self.settings).sampling
+        return autoregressive_generate(self.target, self._ids(prompt), sampling, max_new_tokens=max_new_tokens,
                                        stop_ids=self.stop_ids if stop_ids is None else stop_ids,
                                        generator=self._generator(seed), on_tokens=on_tokens)
 
-    def warm_up(self, prompt, *, max_new_tokens: int, baseline: bool = False, params: SamplingParams = GREEDY,
-                seed: int = 0, **options) -> None:
+    def warm_up(self, prompt, *, max_new_tokens: int, baseline: bool = False, seed: int = 0,
+                settings: DecodeSettings | None = None) -> None:
         """A short run of each decoder, so that first-call costs (allocators, kernels) do not land on the first
-        prompt's timings. options: as for generate."""
-        self.generate(prompt, max_new_tokens=min(max_new_tokens, self.block_size + 2), params=params, seed=seed,
-                      **options)
+        prompt's timings."""
+        self.generate(prompt, max_new_tokens=min(max_new_tokens, self.block_size + 2), seed=seed, settings=settings)
         if baseline:
-            self.baseline(prompt, max_new_tokens=min(max_new_tokens, 4), params=params, seed=seed)
+            self.baseline(prompt, max_new_tokens=min(max_new_tokens, 4), seed=seed, settings=settings)
 
     def _ids(self, prompt: str | Sequence[int] | torch.Tensor):
         return self.encode(prompt) if isinstance(prompt, str) else prompt

@@ -10,7 +10,7 @@ import torch
 
 from dspark_cli.runtime.bench.inputs import WalkInputs
 from dspark_cli.runtime.decode.markov import Candidates, MarkovWeights, draft_to_target, fused_walk, markov_walk
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.settings import SamplingParams
 
 _FP32_ACCUMULATION = 2.0**-24  # relative rounding of one float32 addition
 

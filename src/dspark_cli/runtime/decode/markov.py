@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from dspark_cli.runtime.decode.sampling import SamplingParams, gumbel_argmax, processed_logits
+from dspark_cli.runtime.decode.sampling import gumbel_argmax, processed_logits
+from dspark_cli.runtime.settings import SamplingParams
 
 if TYPE_CHECKING:
     from dspark_cli.kernels.nvfp4 import NVFP4Weight
     from dspark_cli.runtime.model.heads.vanilla import VanillaHead
-
-STRATEGIES = ("dense", "topk", "nvfp4", "fused")
 
 # A bias function writes position i's corrected logits: (e_i [B, r], i, row [B, Vd] fp32) -> None.
 BiasFn = Callable[[torch.Tensor, int, torch.Tensor], None]
@@ -108,37 +107,6 @@ def select_candidates(base: torch.Tensor, k: int) -> Candidates:
     return Candidates(values, ids)
 
 
-def choose_strategy(
-    requested: str, weights: MarkovWeights | None, draft_topk: int | None, params: SamplingParams, on_cuda: bool
-) -> str:
-    """Resolve "auto" and check that the requested strategy can run; raises ValueError with the fix.
-
-    auto: dense without --draft-topk; with it, the fused walk on CUDA (when the sampling and the head type allow
-    it: vanilla heads only), else nvfp4 for an NVFP4 head, else topk.
-    """
-    filtered_sampling = not params.greedy and (params.top_k > 0 or params.top_p < 1.0)
-    vanilla = weights is None or weights.head is None
-    if requested == "auto":
-        if weights is None or draft_topk is None:
-            return "dense"
-        if on_cuda and not filtered_sampling and vanilla:
-            return "fused"
-        return "nvfp4" if weights.w2_nvfp4 is not None else "topk"
-    if requested not in STRATEGIES:
-        raise ValueError(f"unknown Markov strategy {requested!r}; choose one of auto, {', '.join(STRATEGIES)}")
-    if requested != "dense" and draft_topk is None:
-        raise ValueError(f"the {requested} Markov strategy gathers top-k candidates; pass --draft-topk K")
-    if requested == "nvfp4" and (weights is None or weights.w2_nvfp4 is None):
-        raise ValueError("the nvfp4 Markov strategy needs a draft whose markov_w2 is NVFP4 (see `dspark quantize`)")
-    if requested == "fused" and not vanilla:
-        raise ValueError(f"the fused Markov walk implements only vanilla heads and this draft's head is "
-                         f"{weights.head_type}; pick --markov dense, topk or nvfp4")
-    if requested == "fused" and filtered_sampling:
-        raise ValueError("the fused Markov walk applies only a temperature; drop --top-k/--top-p or pick "
-                         "--markov dense/topk")
-    return requested
-
-
 def markov_walk(
     strategy: str,
     weights: MarkovWeights | None,
@@ -155,7 +123,7 @@ def markov_walk(
     standard Gumbel (needed unless greedy); hidden [B, N, H] the draft's final-norm hidden states (needed by
     gated and RNN heads).
 
-    `strategy` is one of STRATEGIES (see choose_strategy); draft_topk is the candidate count of the
+    `strategy` is one of settings.STRATEGIES (settings.resolve_markov); draft_topk is the candidate count of the
     gathered strategies, clamped to Vd. triton: run the nvfp4 / fused Triton kernels (True) or their torch
     twins (False); None: the kernels where Triton can run on base_logits' device.
     """

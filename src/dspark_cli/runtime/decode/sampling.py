@@ -14,35 +14,13 @@ When every target row is one-hot (temperature 0), this reduces to exact greedy m
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from dspark_cli.runtime.settings import SamplingParams
+
 # Below this residual mass a rejection is a rounding artefact of p ~= q: sample from p instead.
 RESIDUAL_MASS_EPS = 1e-8
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How logits become a distribution. temperature 0 means greedy; top_k 0 and top_p 1 mean off."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 means off), got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

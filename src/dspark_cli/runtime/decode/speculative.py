@@ -1,7 +1,8 @@
 """The speculative decoding loop (batch 1): prefill, then rounds of draft -> score -> accept -> commit -> rollback ->
 advance.
 
-    result = speculative_generate(target, draft, prompt_ids, SamplingParams(), block_size=7, max_new_tokens=128)
+    settings = resolve_settings(draft.config, MarkovHead.of_config(draft.config, nvfp4=False), on_cuda=False)
+    result = speculative_generate(target, draft, prompt_ids, settings, max_new_tokens=128)
     result.tokens, result.stats      # new token ids; metrics.GenerationStats with one RoundRecord per round
 
 A round (anchor a = the last committed token, at position p; invariant, checked each round by check_lengths:
@@ -35,9 +36,9 @@ import torch
 
 from dspark_cli.runtime.decode import sampling
 from dspark_cli.runtime.model.draft import DraftContext
-from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy, markov_walk
-from dspark_cli.runtime.rounds import CONFIDENCE_RULES, LENGTH_RULES, GenerationStats, RoundRecord, scored_length
-from dspark_cli.runtime.decode.sampling import SamplingParams
+from dspark_cli.runtime.decode.markov import MarkovWeights, markov_walk
+from dspark_cli.runtime.rounds import GenerationStats, RoundRecord, scored_length
+from dspark_cli.runtime.settings import DecodeSettings, SamplingParams
 from dspark_cli.runtime.decode.timing import SectionTimer
 
 TokenCallback = Callable[[list[int]], None]
@@ -51,15 +52,6 @@ class GenerationResult:
     tokens: list[int]  # new tokens, trimmed to max_new_tokens and at the first stop token (kept)
     stats: GenerationStats
     finished_by_stop: bool = False
-
-
-def max_block_size(config) -> int | None:
-    """The most draft tokens per round the draft was trained for: block_size query slots, one of them
-    the anchor's own slot in the DFlash layout (sample_from_anchor false). None when the config says nothing."""
-    trained = config.block_size.value
-    if trained is None:
-        return None
-    return trained if config.sample_from_anchor else trained - 1
 
 
 @dataclass
@@ -85,6 +77,10 @@ class Drafter:
     weights: MarkovWeights | None = field(init=False)
     query_ids: dict[int, torch.Tensor] = field(init=False, default_factory=dict)  # n_queries -> [1, Q] int64
     draft_vocab_ids: torch.Tensor | None = field(init=False)  # [Vd] target id of each draft id; None: identity
+
+    @classmethod
+    def of(cls, draft, settings: DecodeSettings, target_vocab: int) -> "Drafter":
+        return cls(draft, settings.markov, settings.sampling, target_vocab, settings.draft_topk)
 
     def __post_init__(self) -> None:
         self.weights = MarkovWeights.from_draft(self.draft)
@@ -261,47 +257,32 @@ def speculative_generate(
     target,
     draft,
     prompt_ids: Sequence[int] | torch.Tensor,
-    params: SamplingParams,
+    settings: DecodeSettings,
     *,
-    block_size: int,
     max_new_tokens: int,
-    strategy: str = "auto",
-    draft_topk: int | None = None,
-    confidence_threshold: float | None = None,
-    confidence_rule: str = "survival",
-    confidence_temperatures: Sequence[float] | None = None,
-    length_rule: str = "stop",
     stop_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     on_tokens: TokenCallback | None = None,
 ) -> GenerationResult:
-    """Generate up to max_new_tokens after the prompt with `draft` proposing block_size tokens per round.
+    """Generate up to max_new_tokens after the prompt with `draft` proposing settings.block_size tokens per round.
 
-    strategy: "auto" or one of markov.STRATEGIES (ValueError if it cannot run); confidence_threshold:
-    score only a prefix of the drafted positions chosen by confidence_rule (scored_length; None: all).
-    confidence_temperatures: STS temperatures T_1..T_N (at least block_size), c_i = sigmoid(logit_i / T_i) for the
-    threshold rule and the recorded confidences; the output never depends on them (None: T_i = 1).
-    length_rule: "stop" ends when max_new_tokens are committed; "deepspec" runs one more round when exactly
-    max_new_tokens are committed (DeepSpec's evaluator loops while the anchor index is below the limit); that
-    round's tokens are trimmed away but it is recorded. on_tokens receives each batch of newly committed tokens.
+    settings (settings.resolve_settings): the block size, the Markov strategy and draft top-k, the sampling, the
+    verify rule (a confidence threshold scores only the prefix rounds.scored_length keeps; STS temperatures set
+    c_i = sigmoid(logit_i / T_i) for it and for the recorded confidences, never the output) and the length rule
+    ("stop" ends when max_new_tokens are committed; "deepspec" runs one more round when exactly max_new_tokens are
+    committed, as DeepSpec's evaluator loops while the anchor index is below the limit; that round's tokens are
+    trimmed away but it is recorded). on_tokens receives each batch of newly committed tokens.
     """
-    if block_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"block_size and max_new_tokens must be >= 1, got {block_size} and {max_new_tokens}")
-    if confidence_rule not in CONFIDENCE_RULES or length_rule not in LENGTH_RULES:
-        raise ValueError(f"confidence_rule must be one of {CONFIDENCE_RULES} and length_rule one of {LENGTH_RULES}, "
-                         f"got {confidence_rule!r} and {length_rule!r}")
-    if confidence_threshold is not None and draft.confidence_head is None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    verify, block_size, params = settings.verify, settings.block_size, settings.sampling
+    if verify.threshold is not None and draft.confidence_head is None:
         raise ValueError("a confidence threshold needs a draft with a confidence head")
     temperatures = None
-    if confidence_temperatures is not None:
-        if len(confidence_temperatures) < block_size or not all(t > 0 for t in confidence_temperatures):
-            raise ValueError(f"need {block_size} confidence temperatures above 0, got {list(confidence_temperatures)}")
-        temperatures = torch.tensor(list(confidence_temperatures)[:block_size], dtype=torch.float32,
-                                    device=target.device)  # [N]
+    if verify.temperatures is not None:
+        temperatures = torch.tensor(verify.temperatures, dtype=torch.float32, device=target.device)  # [N]
     prompt = _as_ids(prompt_ids, target.device)
-    on_cuda = target.device.type == "cuda"
-    resolved = choose_strategy(strategy, MarkovWeights.from_draft(draft), draft_topk, params, on_cuda)
-    drafter = Drafter(draft, resolved, params, target.vocab_size, draft_topk)
+    drafter = Drafter.of(draft, settings, target.vocab_size)
     stops = set(stop_ids)
     timer = SectionTimer(target.device)
 
@@ -311,7 +292,7 @@ def speculative_generate(
     loop = _Loop(anchor, [anchor], 1, anchor in stops)
     if on_tokens is not None:
         on_tokens([anchor])
-    limit = max_new_tokens + (1 if length_rule == "deepspec" else 0)  # loop while committed_total < limit
+    limit = max_new_tokens + (1 if settings.length_rule == "deepspec" else 0)  # loop while committed_total < limit
     while not loop.stopped and loop.committed_total < limit:
         check_lengths(target, context)
         timer.start_round()
@@ -323,8 +304,8 @@ def speculative_generate(
             confidences = None if proposal.confidences is None else proposal.confidences.tolist()
             raw = None if proposal.confidence_logits is None else proposal.confidence_logits.tolist()
         n_scored = block_size
-        if confidence_threshold is not None:
-            n_scored = scored_length(confidences, confidence_threshold, confidence_rule)
+        if verify.threshold is not None:
+            n_scored = scored_length(confidences, verify.threshold, verify.rule)
         with timer.section("snapshot"):
             target.save_state()  # a stateful target's states before the score pass; nothing for attention only
         with timer.section("score"):

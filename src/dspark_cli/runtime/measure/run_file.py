@@ -150,6 +150,7 @@ class _Checker:
 
 SETTINGS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
             "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit")
+SAMPLING_SETTINGS = ("draft_topk", "top_p", "top_k")  # runs of dspark 0.1 lack them: the defaults
 RESULT_KEYS = ("set_name", "index", "prompt", "prompt_tokens", "new_tokens", "ttft_s", "total_s", "rounds", "tokens",
                "finished_by_stop", "baseline")
 ROUND_KEYS = ("proposed", "accepted", "emitted", "drafted", "confidences")
@@ -173,7 +174,7 @@ def check_run_document(doc: Any, path: Path) -> dict:
 
 
 def _check_settings(c: _Checker, settings: Any) -> dict:
-    s = c.keys(settings, "'settings'", SETTINGS, ("calibration", "draft_kind"))
+    s = c.keys(settings, "'settings'", SETTINGS, ("calibration", "draft_kind", *SAMPLING_SETTINGS, "requested"))
     for key in ("target", "draft", "device", "dtype", "markov"):
         c.string(s[key], f"settings.{key}")
     c.integer(s["block_size"], "settings.block_size", low=1)  # saved once resolved, before the first result
@@ -188,6 +189,11 @@ def _check_settings(c: _Checker, settings: Any) -> dict:
     c.boolean(s["thinking"], "settings.thinking")
     c.boolean(s["baseline"], "settings.baseline")
     c.integer(s["limit"], "settings.limit", low=1, null=True)
+    c.integer(s.get("draft_topk"), "settings.draft_topk", low=1, null=True)
+    c.number(s.get("top_p", 1.0), "settings.top_p")
+    c.integer(s.get("top_k", 0), "settings.top_k")
+    if "requested" in s:  # the flags as given, what --resume compares the command line with
+        c.keys(s["requested"], "settings.requested", (), SETTINGS + SAMPLING_SETTINGS)
     if "draft_kind" in s:  # what the report's header names: "Gemma-4 draft, rnn Markov head"
         c.string(s["draft_kind"], "settings.draft_kind")
     calibration = s.get("calibration")

@@ -220,7 +220,7 @@ def _target_key(recipe: DemoRecipe) -> dict:
 def evaluate_pair(target_dir: Path, draft_dir: Path, held_stream: TokenStream, recipe: DemoRecipe):
     """τ (committed tokens per round) of the saved pair with the real speculative loop at T = 0 and T = 1."""
     from dspark_cli.runtime.pair import Pair
-    from dspark_cli.runtime.decode.sampling import SamplingParams
+    from dspark_cli.runtime.settings import SamplingParams
 
     pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32")
     prompts = eval_prompts(held_stream, recipe)
