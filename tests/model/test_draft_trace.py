@@ -79,11 +79,10 @@ def _digest(folder: Path) -> str:
 
 def demo_trace() -> dict:
     target_dir, draft_dir = DEMO_DIR / "target", DEMO_DIR / "draft"
-    pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32", markov="dense")
+    pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32", markov="dense", block_size=TRACE_BLOCK)
     accepted = []
     for prompt in TRACE_PROMPTS:
-        result = pair.generate(pair.encode(prompt, chat=False), block_size=TRACE_BLOCK, max_new_tokens=TRACE_TOKENS,
-                               stop_ids=())
+        result = pair.generate(pair.encode(prompt, chat=False), max_new_tokens=TRACE_TOKENS, stop_ids=())
         accepted.append([r.accepted for r in result.stats.rounds])
     return {"target_sha256": _digest(target_dir), "draft_sha256": _digest(draft_dir), "block_size": TRACE_BLOCK,
             "max_new_tokens": TRACE_TOKENS, "prompts": list(TRACE_PROMPTS), "accepted": accepted}

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 FLAGS = {"block_size": "--block-size", "draft_topk": "--draft-topk", "markov": "--markov",
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
          "confidence_threshold": "--confidence-threshold", "confidence_rule": "--confidence-rule",
-         "calibration": "--calibration", "device": "--device", "dtype": "--dtype"}
+         "calibration": "--calibration", "device": "--device", "dtype": "--dtype", "target": "--target",
+         "draft": "--draft"}
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 STDOUT = "-"
 

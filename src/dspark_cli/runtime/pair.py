@@ -269,7 +269,7 @@ class Pair:
         from dspark_cli.runtime.checkpoint.stateful import one_at_a_time_warning
         from dspark_cli.runtime.checkpoint.target_files import check_target_files
         from dspark_cli.runtime.demo import demo_pair
-        from dspark_cli.runtime.io.paths import require_utf8_path
+        from dspark_cli.runtime.io.paths import non_utf8_problem
         from dspark_cli.runtime.model.target_state import family_of_target
 
         if (target is None) != (draft is None):
@@ -279,8 +279,10 @@ class Pair:
         target, draft = str(target), str(draft)
         wanted = Requested(**requested)
         torch_device, torch_dtype = _device_and_dtype(device, dtype)
-        require_utf8_path(target, "the target")
-        require_utf8_path(draft, "the draft")
+        for setting, path in (("target", target), ("draft", draft)):
+            problem = non_utf8_problem(path)
+            if problem is not None:
+                raise SettingError(setting, problem)
         ckpt = open_checkpoint(draft)  # headers only
         target_config = read_target_config(target)
         built = check_target_files(target)  # config values and weight headers: one sentence before any weight is read

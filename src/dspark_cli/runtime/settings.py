@@ -181,7 +181,7 @@ def resolve_verify(requested: Requested, has_confidence_head: bool, block_size: 
     """The verify rule: a threshold in (0, 1] needs a confidence head; STS temperatures cover the block."""
     threshold = requested.confidence_threshold
     if requested.confidence_rule not in CONFIDENCE_RULES:
-        raise SettingError("confidence_rule", f"must be one of {', '.join(CONFIDENCE_RULES)}, got "
+        raise SettingError("confidence_rule", f"must be {' or '.join(CONFIDENCE_RULES)}, got "
                                               f"{requested.confidence_rule!r}.")
     if threshold is not None and not 0.0 < threshold <= 1.0:
         raise SettingError("confidence_threshold", f"must be in (0, 1], got {threshold}.")
