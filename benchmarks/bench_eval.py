@@ -40,13 +40,13 @@ def main() -> None:
     device = pair.device
     sets = [ev.read_prompt_set(path, args.limit) for path in ev.SHIPPED_SETS]
 
+    settings = pair.checked.resolve(block_size=7, length_rule="deepspec")
     inside = [0.0]  # seconds spent in generate() itself during the eval loop
 
     def generate(prompt: str, seed: int):
         start = time.perf_counter()
         ids = pair.encode(prompt, chat=False)
-        result = pair.generate(ids, block_size=7, max_new_tokens=args.max_new_tokens, length_rule="deepspec",
-                               seed=seed)
+        result = pair.generate(ids, max_new_tokens=args.max_new_tokens, settings=settings, seed=seed)
         inside[0] += time.perf_counter() - start
         return result
 

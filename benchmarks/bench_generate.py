@@ -46,7 +46,7 @@ from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
 from dspark_cli.runtime.model.draft import DraftContext  # noqa: E402
 from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
-from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
+from dspark_cli.runtime.settings import MarkovHead, SamplingParams, resolve_markov  # noqa: E402
 from dspark_cli.runtime.decode.speculative import Drafter, draft_block  # noqa: E402
 
 TEXT_PROMPTS = [
@@ -116,17 +116,18 @@ def run(args, target_dir: Path, draft_dir: Path, label: str) -> None:
     pair = Pair.load(target_dir, draft_dir, device=args.device, dtype=args.dtype or "auto", markov=args.markov,
                      draft_topk=args.draft_topk)
     target, draft, device, dtype = pair.target, pair.draft, pair.device, pair.checked.dtype
-    trained = pair.checked.check.trained_block_size or 7
+    trained = pair.settings.trained_block_size or 7
     block_sizes = [int(b) for b in args.block_sizes.split(",")] if args.block_sizes else sorted({1, 2, 4, trained})
     prompts, prompt_kind = prompts_for(target_dir, target.vocab_size, args.prompts)
     params = SamplingParams(temperature=args.temperature)
     stop_ids: list[int] = []  # fixed lengths: every run decodes exactly max_new_tokens per prompt
+    settings = {b: pair.checked.resolve(block_size=b, temperature=args.temperature) for b in block_sizes}
 
     def speculative(prompt, block_size, tokens):
-        return pair.generate(prompt, params=params, block_size=block_size, max_new_tokens=tokens, stop_ids=stop_ids)
+        return pair.generate(prompt, settings=settings[block_size], max_new_tokens=tokens, stop_ids=stop_ids)
 
     def baseline(prompt, tokens):
-        return pair.baseline(prompt, params=params, max_new_tokens=tokens, stop_ids=stop_ids)
+        return pair.baseline(prompt, settings=settings[block_sizes[-1]], max_new_tokens=tokens, stop_ids=stop_ids)
 
     thread_counts = [int(t) for t in args.threads.split(",")]
     speculative(prompts[0], block_sizes[-1], 16), baseline(prompts[0], 16)  # warm-up
@@ -195,7 +196,8 @@ def round_costs(
     _, features = target.prefill(prompt_ids)  # [P, V], [P, n*Ht]
     context = DraftContext(draft, context_length + block + 2)
     context.append(draft, features)
-    resolved = choose_strategy_for(draft, params, args)
+    resolved = resolve_markov(args.markov, MarkovHead.of_config(draft.config, draft.w2_nvfp4 is not None),
+                              args.draft_topk, params, False)
     drafter = Drafter(draft, resolved, params, target.vocab_size, args.draft_topk)
     block_ids = prompt_ids[: block + 1]
 
@@ -222,12 +224,6 @@ def round_costs(
         first = statistics.median(samples[(name, thread_counts[0])])
         print(f"  {name:<22} {threads:>7} {low:>8.3f} {mid:>10.3f} {low / min(step):>13.2f} "
               f"{mid / statistics.median(step):>16.2f} {mid / first:>21.2f}x")
-
-
-def choose_strategy_for(draft, params, args) -> str:
-    from dspark_cli.runtime.decode.markov import MarkovWeights, choose_strategy
-
-    return choose_strategy(args.markov, MarkovWeights.from_draft(draft), args.draft_topk, params, False)
 
 
 def one_layer_cut(model: torch.nn.Module) -> torch.nn.Module:

@@ -28,8 +28,7 @@ from dspark_cli.runtime.checkpoint.read import open_checkpoint  # noqa: E402
 from dspark_cli.runtime.checkpoint.config import DraftConfig  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PROMPTS, demo_pair  # noqa: E402
 from dspark_cli.runtime.model.draft_io import load_draft  # noqa: E402
-from dspark_cli.runtime.settings import SamplingParams  # noqa: E402
-from dspark_cli.runtime.settings import trained_block_size  # noqa: E402
+from dspark_cli.runtime.settings import MarkovHead, Requested, resolve_settings, trained_block_size  # noqa: E402
 from dspark_cli.runtime.decode.speculative import speculative_generate  # noqa: E402
 from dspark_cli.runtime.model.target import TargetModel  # noqa: E402
 
@@ -69,10 +68,11 @@ def main() -> None:
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
     block = trained_block_size(config)
     for temperature in (0.0, 0.7):
-        params = SamplingParams(temperature=temperature)
+        settings = resolve_settings(config, MarkovHead.of_config(config, nvfp4=False), False,
+                                    Requested(block_size=block, temperature=temperature))
 
         def run() -> list:
-            return [speculative_generate(target, draft, p, params, block_size=block, max_new_tokens=128,
+            return [speculative_generate(target, draft, p, settings, max_new_tokens=128,
                                          generator=torch.Generator().manual_seed(0)).stats for p in prompts]
 
         run()  # warm-up

@@ -94,7 +94,7 @@ def test_a_gated_head_quantizes_and_its_nvfp4_walk_is_lossless(targets, trained,
     assert result.exit_code == 0, result.output
     assert [f.code for f in _report(quantized, targets["qwen3"]).errors] == ["DSP012"]
     pair = Pair.load(targets["qwen3"], quantized, device="cpu", dtype="float32", markov="auto", draft_topk=8)
-    assert pair.strategy() == "nvfp4" and pair.draft.w2_nvfp4 is not None
+    assert pair.settings.markov == "nvfp4" and pair.draft.w2_nvfp4 is not None
     assert pair.generate("class C", max_new_tokens=16).tokens == pair.baseline("class C", max_new_tokens=16).tokens
 
 

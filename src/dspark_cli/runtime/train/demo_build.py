@@ -220,7 +220,6 @@ def _target_key(recipe: DemoRecipe) -> dict:
 def evaluate_pair(target_dir: Path, draft_dir: Path, held_stream: TokenStream, recipe: DemoRecipe):
     """τ (committed tokens per round) of the saved pair with the real speculative loop at T = 0 and T = 1."""
     from dspark_cli.runtime.pair import Pair
-    from dspark_cli.runtime.settings import SamplingParams
 
     pair = Pair.load(target_dir, draft_dir, device="cpu", dtype="float32")
     prompts = eval_prompts(held_stream, recipe)
@@ -228,9 +227,10 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, held_stream: TokenStream, r
     tau, accept_at = {}, {}
     for temperature in (0.0, 1.0):
         rounds = []
+        settings = pair.checked.resolve(temperature=temperature)
         for i, prompt in enumerate(prompts):
-            result = pair.generate(prompt, max_new_tokens=recipe.eval_new_tokens, stop_ids=(),
-                                   params=SamplingParams(temperature=temperature), seed=recipe.seed + i)
+            result = pair.generate(prompt, max_new_tokens=recipe.eval_new_tokens, stop_ids=(), settings=settings,
+                                   seed=recipe.seed + i)
             rounds.extend(result.stats.rounds)
         key = f"T={temperature:g}"
         tau[key] = round(sum(r.emitted for r in rounds) / len(rounds), 3)
