@@ -6,7 +6,8 @@ import torch
 from ckpt_factory import DraftSpec, draft_config, draft_tensors, speculators_config, specforge_config, write_draft
 
 from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
-from dspark_cli.runtime.checkpoint.config import DraftConfig, TargetConfig, detect_format
+from dspark_cli.runtime.checkpoint.config import DraftConfig, detect_format
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.checkpoint.layout import canonical_name, expected_draft_tensors, linear_modules, vllm_prefix
 
 

@@ -119,13 +119,13 @@ def train(
     if not (math.isfinite(lr) and lr > 0):
         raise DsparkError(f"--lr must be a finite number above 0 (got {lr}); the default is 6e-4.")
     from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
-    from dspark_cli.runtime.train.new_draft import DRAFT_ARCHS
+    from dspark_cli.runtime.checkpoint.families import FAMILIES
 
     if markov_head_type is not None and markov_head_type not in HEAD_TYPES:
         raise DsparkError(f"--markov-head-type {markov_head_type!r} is not a head type; choose "
                           f"{', '.join(HEAD_TYPES)}.")
-    if draft_arch != "auto" and draft_arch not in DRAFT_ARCHS:
-        raise DsparkError(f"--draft-arch {draft_arch!r} is not a draft family; choose auto, {', '.join(DRAFT_ARCHS)}.")
+    if draft_arch != "auto" and draft_arch not in FAMILIES:
+        raise DsparkError(f"--draft-arch {draft_arch!r} is not a draft family; choose auto, {', '.join(FAMILIES)}.")
     given = {name: value for name, value in dict(
         layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers), markov_rank=markov_rank,
         confidence=confidence, confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,

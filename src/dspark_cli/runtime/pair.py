@@ -117,10 +117,9 @@ def nvfp4_head(report) -> bool:
 
 def context_limit(target_config: dict) -> int | None:
     """The target's max_position_embeddings (of its text config for a multimodal model), or None."""
-    text_config = target_config.get("text_config")
-    config = text_config if isinstance(text_config, dict) else target_config
-    limit = config.get("max_position_embeddings")
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    from dspark_cli.runtime.checkpoint.target_config import TargetConfig
+
+    return TargetConfig.from_dict(target_config).max_position_embeddings
 
 
 def check_context(prompt_lengths: Sequence[int], max_new_tokens: int, limit: int | None, source: str) -> None:

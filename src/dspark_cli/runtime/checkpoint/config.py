@@ -183,24 +183,6 @@ class DraftConfig:
         return FAMILIES[self.family].title
 
 
-@dataclass(frozen=True)
-class TargetConfig:
-    """What validate needs from the target model's config.json (a multimodal config's text_config is used)."""
-
-    vocab_size: int | None
-    hidden_size: int | None
-    num_hidden_layers: int | None
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "TargetConfig":
-        text = raw if "vocab_size" in raw or not isinstance(raw.get("text_config"), dict) else raw["text_config"]
-        return cls(
-            vocab_size=_positive(text.get("vocab_size")),
-            hidden_size=_positive(text.get("hidden_size")),
-            num_hidden_layers=_positive(text.get("num_hidden_layers")),
-        )
-
-
 def resolve_mask_token(raw: dict[str, Any]) -> Resolved:
     """vLLM's DFlash model reads `dflash_config.get("mask_token_id", ...)`: a null there wins (and fails)."""
     dflash = _dict(raw.get("dflash_config"))
@@ -367,11 +349,6 @@ def _list(value: Any) -> list[Any]:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _positive(value: Any) -> int | None:
-    value = _int(value)
-    return value if value is not None and value > 0 else None
 
 
 def _int(value: Any) -> int | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
+
 
 @dataclass(frozen=True)
 class Family:
@@ -42,11 +44,10 @@ def supported_names() -> str:
 
 def family_of_config_dict(config: dict) -> Family | None:
     """The Family of a target's config.json (a dict; a multimodal config by its text_config), None otherwise."""
-    text = config.get("text_config")
-    model_type = (text if isinstance(text, dict) else config).get("model_type")
+    model_type = TargetConfig.from_dict(config).model_type
     if model_type in ("qwen3_5", "qwen3_5_moe"):  # AutoModelForCausalLM loads their text model
         model_type += "_text"
-    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    return FAMILIES.get(model_type)
 
 
 def one_at_a_time_warning(family: Family) -> str:

@@ -68,9 +68,9 @@ def _check_config_values(config_path: Path, source: str | Path) -> None:
     """Without transformers (serve): the config values every causal LM is built from, by type. transformers (and so
     vLLM, which reads the config through it) refuses the same values with its own exceptions."""
     from dspark_cli.runtime.checkpoint.read import read_target_config
+    from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 
-    config = read_target_config(source)
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = TargetConfig.from_dict(read_target_config(source)).text
 
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

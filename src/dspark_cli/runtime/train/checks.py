@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.families import family_for
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.train.options import TRAINER_JSON, TRAINER_STATE, TrainOptions
 from dspark_cli.runtime.units import format_bytes
 
@@ -185,10 +187,10 @@ GEOMETRY_KEYS = {"layers": "num_hidden_layers", "block_size": "block_size", "mar
                  "mask_token_id": "mask_token_id", "markov_head_type": "markov_head_type"}
 
 
-def check_resume_shape(point: ResumePoint, shape, target: dict, steps: int) -> None:
+def check_resume_shape(point: ResumePoint, shape, target: TargetConfig, steps: int) -> None:
     """The checkpoint must be this shape (a DraftShape), for this target, and short of `steps`."""
     config, where = point.config, point.folder / "config.json"
-    family = "gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3"
+    family = family_for(config.get("architectures") or []).name
     if shape.arch is not None and shape.arch != family:
         raise DsparkError(f"{where}: the checkpoint is a {family} draft but this run asks for --draft-arch "
                           f"{shape.arch}; resume with the checkpoint's family (or omit --draft-arch).")
@@ -217,14 +219,14 @@ def check_resume_shape(point: ResumePoint, shape, target: dict, steps: int) -> N
         raise DsparkError(f"{where}: confidence_head_with_markov is {config.get('confidence_head_with_markov')!r} "
                           "but this run asks otherwise; resume with the checkpoint's --confidence-with-markov / "
                           "--confidence-without-markov or start a new run.")
-    rows = target["vocab_size"]
+    rows = target.vocab_size
     vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
     if vocab not in (rows, rows + 1) or (vocab == rows + 1 and mask != rows):
         raise DsparkError(f"{where}: vocab_size {vocab!r} does not fit this target's vocabulary ({rows}, or {rows + 1} "
                           "with an added mask row); resume with the target the checkpoint was trained for.")
     for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
-        if config.get(key) != target.get(key):
-            raise DsparkError(f"{where}: {key} is {config.get(key)!r} but the target's is {target.get(key)!r}; "
+        if config.get(key) != target.text.get(key):
+            raise DsparkError(f"{where}: {key} is {config.get(key)!r} but the target's is {target.text.get(key)!r}; "
                               "resume with the target the checkpoint was trained for.")
     if point.step >= steps:
         raise DsparkError(f"{point.folder} is at step {point.step}, already at or past --steps {steps}; pass a "
@@ -249,13 +251,13 @@ def checkpoint_shape(folder: Path):
                       confidence_with_markov=bool(config.get("confidence_head_with_markov", True)) or not (
                           rank and config.get("enable_confidence_head")),
                       mask_token_id=config.get("mask_token_id"),
-                      arch="gemma4" if "Gemma4DSparkModel" in (config.get("architectures") or ()) else "qwen3",
+                      arch=family_for(config.get("architectures") or []).name,
                       markov_head_type=str(config.get("markov_head_type") or "vanilla"))
 
 
 # --- the plan of a run -----------------------------------------------------------------------------------------
 
-def plan_draft(target_config: dict, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
+def plan_draft(target: TargetConfig, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
                data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
     """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
     once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
@@ -263,31 +265,31 @@ def plan_draft(target_config: dict, tokenizer, shape: DraftShape, options: Train
 
     anchors = options.anchors_per_sequence(seq_len)
     if point is not None:
-        check_resume_shape(point, shape, target_config, options.steps)
-        check_before_allocating(target_config, point.config, shape, options, seq_len, data_tokens, device)
+        check_resume_shape(point, shape, target, options.steps)
+        check_before_allocating(target, point.config, shape, options, seq_len, data_tokens, device)
         return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
-    layers = draft_target_layers(target_config, shape)
-    mask = choose_mask_token(tokenizer, target_config["vocab_size"], shape.mask_token_id)
-    one_layer = draft_config_dict(target_config, replace(shape, layers=1), layers, mask, anchors)
+    layers = draft_target_layers(target, shape)
+    mask = choose_mask_token(tokenizer, target.vocab_size, shape.mask_token_id)
+    one_layer = draft_config_dict(target.raw, replace(shape, layers=1), layers, mask, anchors)
     geometry = {**one_layer, "num_hidden_layers": shape.layers}  # no layer_types list of a huge layer count
-    check_before_allocating(target_config, geometry, shape, options, seq_len, data_tokens, device)
-    return draft_config_dict(target_config, shape, layers, mask, anchors), [mask.note]
+    check_before_allocating(target, geometry, shape, options, seq_len, data_tokens, device)
+    return draft_config_dict(target.raw, shape, layers, mask, anchors), [mask.note]
 
 
-def check_before_allocating(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions,
+def check_before_allocating(target: TargetConfig, config: dict, shape: DraftShape, options: TrainOptions,
                             seq_len: int, data_tokens: int, device: torch.device) -> None:
     """The window and one step's memory; config: the draft's config.json as a dict (layer_types not needed)."""
     from dspark_cli.runtime.devices import available_memory
 
-    check_window(options.seq_len, seq_len, data_tokens, config["block_size"],
-                 target_config.get("max_position_embeddings"))
-    estimate = run_memory_estimate(target_config, config, shape, options, seq_len, device)
+    check_window(options.seq_len, seq_len, data_tokens, config["block_size"], target.max_position_embeddings)
+    estimate = run_memory_estimate(target.text, config, shape, options, seq_len, device)
     check_memory(estimate, available_memory(device), device)
 
 
 def run_memory_estimate(target_config: dict, config: dict, shape: DraftShape, options: TrainOptions, seq_len: int,
                         device: torch.device) -> MemoryEstimate:
-    """MemoryEstimate of one step of this run (config: the draft's config.json as a dict)."""
+    """MemoryEstimate of one step of this run (target_config: the target's text config, config: the draft's config.json,
+    both as dicts)."""
     vocab, target_vocab = config["vocab_size"], target_config["vocab_size"]
     trainable_rows = (vocab if shape.train_embeddings or vocab > target_vocab else 0) + (
         (config.get("draft_vocab_size") or vocab) if shape.train_lm_head else 0)

@@ -1,8 +1,9 @@
 """A new draft for a target: its geometry (DraftShape), mask token, config.json and weights shared with the target.
 
-The layout follows DeepSpec: the target's config (Qwen3, or a Gemma-4 text config for a Gemma-4 target, as
-DeepSpec's qwen3/config.py and gemma4/config.py build_draft_config do) with the draft fields overridden; the draft
-shares frozen copies of the target's embedding and lm_head unless asked to train its own.
+The layout follows DeepSpec: the target's (text) config with the draft fields overridden, as the draft family's
+`draft_config` builds it (checkpoint/families/: Qwen3, or Gemma-4 for a Gemma-4 target, as DeepSpec's
+qwen3/config.py and gemma4/config.py build_draft_config do); the draft shares frozen copies of the target's embedding
+and lm_head unless asked to train its own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.families import FAMILIES, Family, family_for_target
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.model.draft import DSparkDraft
 from dspark_cli.runtime.model.draft_io import tie_to_target
 
@@ -30,7 +33,7 @@ class DraftShape:
     mask_token_id: int | None = None  # None: the tokenizer's mask token, else a free or an added id
     train_embeddings: bool = False  # False: a frozen copy of the target's embedding (DeepSpec)
     train_lm_head: bool = False  # False: a frozen copy of the target's lm_head (DeepSpec)
-    arch: str | None = None  # draft family: "qwen3" | "gemma4"; None: the target's (draft_family)
+    arch: str | None = None  # draft family: a key of checkpoint.families.FAMILIES; None: the target's (draft_family)
     markov_head_type: str = "vanilla"  # vanilla | gated | rnn (DeepSpec's markov_head_type)
 
 
@@ -81,119 +84,25 @@ def choose_mask_token(tokenizer, embedding_rows: int, requested: int | None) -> 
                       "(the draft ships its own embed_tokens with one extra row)")
 
 
-GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
-DRAFT_ARCHS = ("qwen3", "gemma4")
-
-
-def draft_family(target_config: dict, requested: str | None) -> str:
-    """The draft family for a target: as requested, else Gemma-4 for a Gemma-4 target (DeepSpec's
-    Gemma4DSparkTrainer), else Qwen3. A Gemma-4 draft needs a Gemma-4 target's config."""
-    gemma = target_config.get("model_type") in GEMMA4_MODEL_TYPES
-    family = requested or ("gemma4" if gemma else "qwen3")
-    if family not in DRAFT_ARCHS:
-        raise DsparkError(f"--draft-arch {family!r} is not a draft family; choose auto, {', '.join(DRAFT_ARCHS)}.")
-    if family == "gemma4" and not gemma:
-        raise DsparkError(f"--draft-arch gemma4 needs a Gemma-4 target (model_type gemma4 or gemma4_text); this "
-                          f"target's model_type is {target_config.get('model_type')!r}.")
+def draft_family(target: TargetConfig, requested: str | None) -> Family:
+    """The draft family for a target: as requested, else the registry's default for it (`family_for_target`: the
+    target's own family, e.g. Gemma-4 for a Gemma-4 target, else Qwen3). A family that drafts only for its own
+    targets refuses the others."""
+    family = FAMILIES.get(requested) if requested else family_for_target(target)
+    if family is None:
+        raise DsparkError(f"--draft-arch {requested!r} is not a draft family; choose auto, {', '.join(FAMILIES)}.")
+    if not family.drafts_for(target):
+        raise DsparkError(f"--draft-arch {family.name} needs {family.needs_target}; this target's model_type is "
+                          f"{target.model_type!r}.")
     return family
-
-
-def text_config(target_config: dict) -> dict:
-    """A multimodal target's text_config (the model AutoModelForCausalLM loads), else the config itself; a Gemma-4
-    one keeps the outer model_type as target_model_type (DeepSpec get_gemma4_text_config)."""
-    inner = target_config.get("text_config")
-    if not isinstance(inner, dict):
-        return target_config
-    if target_config.get("model_type") in ("gemma4", "gemma4_unified"):
-        return {**inner, "target_model_type": target_config["model_type"]}
-    return inner
 
 
 def draft_config_dict(target_config: dict, shape: DraftShape, target_layers: list[int], mask: MaskChoice,
                       anchors: int) -> dict:
-    """DeepSpec's layout: the target's config with the draft fields overridden."""
-    if draft_family(target_config, shape.arch) == "gemma4":
-        return gemma4_draft_config(text_config(target_config), target_config, shape, target_layers, mask, anchors)
-    config = {k: v for k, v in target_config.items()
-              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
-                           "sliding_window", "use_sliding_window", "max_window_layers")}
-    target_vocab = target_config["vocab_size"]
-    config.update(
-        architectures=["Qwen3DSparkModel"],
-        model_type="qwen3",
-        hidden_act="silu",  # the draft's MLP is Qwen3's (SiLU) whatever the target's is; vLLM builds only that
-        num_hidden_layers=shape.layers,
-        num_target_layers=target_config["num_hidden_layers"],
-        layer_types=["full_attention"] * shape.layers,
-        target_layer_ids=list(target_layers),
-        mask_token_id=mask.token_id,
-        block_size=shape.block_size,
-        num_anchors=anchors,
-        markov_rank=shape.markov_rank,
-        enable_confidence_head=shape.confidence,
-        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
-        tie_word_embeddings=False,
-        vocab_size=mask.vocab_size,
-        use_cache=True,
-    )
-    config.update(_attention_geometry(target_config))
-    if shape.markov_rank:
-        config["markov_head_type"] = shape.markov_head_type
-    if mask.vocab_size != target_vocab:
-        config["draft_vocab_size"] = target_vocab
-    return config
-
-
-def gemma4_draft_config(text: dict, target_config: dict, shape: DraftShape, target_layers: list[int],
-                        mask: MaskChoice, anchors: int) -> dict:
-    """DeepSpec's Gemma-4 build_draft_config: the target's text config with the draft fields overridden. The
-    full-attention geometry is written as global_head_dim / num_global_key_value_heads (not the target's
-    per_layer_config, whose indices are the target's layers), so that any transformers version rebuilds it for the
-    draft's layers."""
-    from dspark_cli.runtime.checkpoint.families.gemma4 import full_attention_geometry
-
-    if mask.vocab_size != text["vocab_size"]:
-        raise DsparkError("the tokenizer has no free id for the mask token, and a Gemma-4 draft cannot add one "
-                          "(vLLM's Gemma-4 DSpark model has no separate draft vocabulary); pass --mask-token-id "
-                          "with an id the tokenizer never produces (DeepSpec's Gemma-4 draft uses 4).")
-    head_dim, kv_heads = full_attention_geometry(text)
-    config = {k: v for k, v in text.items()
-              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
-                           "per_layer_config")}
-    config.update(
-        architectures=["Gemma4DSparkModel"],
-        target_model_type=text.get("target_model_type", target_config.get("model_type")),
-        target_text_model_type=text.get("model_type"),
-        global_head_dim=head_dim,
-        num_global_key_value_heads=kv_heads,
-        num_target_layers=text["num_hidden_layers"],
-        num_hidden_layers=shape.layers,
-        block_size=shape.block_size,
-        tie_word_embeddings=False,
-        layer_types=["full_attention"] * shape.layers,
-        mask_token_id=mask.token_id,
-        target_layer_ids=list(target_layers),
-        num_anchors=anchors,
-        enable_confidence_head=shape.confidence,
-        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
-        markov_rank=shape.markov_rank,
-        use_cache=True,
-    )
-    if shape.markov_rank:
-        config["markov_head_type"] = shape.markov_head_type
-    return config
-
-
-def _attention_geometry(target_config: dict) -> dict:
-    """Qwen3 layer geometry for the draft of a target without attention layers (a pure state-space model such as
-    Mamba2, whose config has no attention heads or MLP width): heads of up to 128 dims, a 3 H MLP."""
-    if "num_attention_heads" in target_config and "intermediate_size" in target_config:
-        return {}
-    hidden = target_config["hidden_size"]
-    head_dim = min(128, hidden)
-    heads = max(1, hidden // head_dim)
-    return {"num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": head_dim,
-            "intermediate_size": 3 * hidden, "rms_norm_eps": target_config.get("layer_norm_epsilon", 1e-6)}
+    """DeepSpec's layout: the target's config (its config.json as a dict) with the draft fields overridden, as the
+    draft's family builds it."""
+    target = TargetConfig.from_dict(target_config)
+    return draft_family(target, shape.arch).draft_config(target, shape, target_layers, mask, anchors)
 
 
 def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSparkDraft, MaskChoice]:
@@ -206,14 +115,15 @@ def new_draft(target, tokenizer, shape: DraftShape, anchors: int) -> tuple[DSpar
 
 def new_draft_config(target_config: dict, tokenizer, shape: DraftShape, anchors: int) -> tuple[dict, MaskChoice]:
     """The config.json of a new draft for a target (its config.json as a dict) and the mask token chosen."""
-    layers = draft_target_layers(target_config, shape)
-    mask = choose_mask_token(tokenizer, text_config(target_config)["vocab_size"], shape.mask_token_id)
+    target = TargetConfig.from_dict(target_config)
+    layers = draft_target_layers(target, shape)
+    mask = choose_mask_token(tokenizer, target.vocab_size, shape.mask_token_id)
     return draft_config_dict(target_config, shape, layers, mask, anchors), mask
 
 
-def draft_target_layers(target_config: dict, shape: DraftShape) -> list[int]:
+def draft_target_layers(target: TargetConfig, shape: DraftShape) -> list[int]:
     """The target layers feeding a new draft: as the shape asks, else evenly spaced; checked against the target."""
-    num_layers = target_config["num_hidden_layers"]
+    num_layers = target.num_hidden_layers
     layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
     if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
         raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "

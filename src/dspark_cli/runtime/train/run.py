@@ -13,6 +13,7 @@ import torch
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.devices import resolve_device, resolve_dtype
 from dspark_cli.runtime.model.target import load_causal_lm
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.checkpoint.target_files import check_target_files, load_target_tokenizer
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.trainer import DraftTrainer
@@ -27,14 +28,12 @@ class TrainingRun:
     notes: list[str]  # what was decided on the user's behalf (mask token, target layers, resume point)
 
 
-def load_tokenizer_and_config(path: str | Path) -> tuple[object, dict]:
-    """The target's tokenizer and its text model's config as a dict (the whole config.json for a text-only model;
-    `text_config` for a multimodal one such as every released Qwen3.5 or a Gemma-4 with vision, which
-    AutoModelForCausalLM loads as its text model), without loading its weights."""
-    from dspark_cli.runtime.train.new_draft import text_config
-
+def load_tokenizer_and_config(path: str | Path) -> tuple[object, TargetConfig]:
+    """The target's tokenizer and its config (whose text config is the model AutoModelForCausalLM loads: the whole
+    config.json for a text-only model, `text_config` for a multimodal one such as every released Qwen3.5 or a
+    Gemma-4 with vision), without loading its weights."""
     config = check_target_files(path)  # config values and weight headers, one sentence naming the file
-    return load_target_tokenizer(path), text_config(config.to_dict())
+    return load_target_tokenizer(path), TargetConfig.from_dict(config.to_dict())
 
 
 def load_target_model(path: str | Path, device: torch.device):
@@ -59,11 +58,11 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     torch_device = dist.device(resolve_device(device))
     out = Path(out)
     claim = check_output(out, target_path, data, resume, chat_template, force) if dist.is_main else None
-    tokenizer, target_config = load_tokenizer_and_config(target_path)
+    tokenizer, target = load_tokenizer_and_config(target_path)
     stream = load_token_stream(data, tokenizer, chat_template)
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
-    config, notes = plan_draft(target_config, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
+    config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
     target = load_target_model(target_path, torch_device)
     torch.manual_seed(options.seed)
     draft = build_draft(config, target)

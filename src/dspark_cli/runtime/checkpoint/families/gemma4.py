@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.families import Family, LayerTensor
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 
 ARCHITECTURE = "Gemma4DSparkModel"
 DEFAULT_FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
@@ -195,6 +197,50 @@ def heads(ctx):
     return out
 
 
+# --- a new draft for a target (dspark train) ------------------------------------------------------------------------
+
+# Targets a Gemma-4 draft is built for (DeepSpec's Gemma4DSparkTrainer): outer and text model_types.
+TARGET_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+
+
+def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, anchors: int) -> dict[str, Any]:
+    """DeepSpec's Gemma-4 build_draft_config: the target's text config with the draft fields overridden, the outer
+    model_type kept as target_model_type (DeepSpec get_gemma4_text_config; shape: train's DraftShape, mask: its
+    MaskChoice). The full-attention geometry is written as global_head_dim / num_global_key_value_heads (not the
+    target's per_layer_config, whose indices are the target's layers), so that any transformers version rebuilds it
+    for the draft's layers."""
+    if mask.vocab_size != target.vocab_size:
+        raise DsparkError("the tokenizer has no free id for the mask token, and a Gemma-4 draft cannot add one "
+                          "(vLLM's Gemma-4 DSpark model has no separate draft vocabulary); pass --mask-token-id "
+                          "with an id the tokenizer never produces (DeepSpec's Gemma-4 draft uses 4).")
+    head_dim, kv_heads = full_attention_geometry(target.text)
+    config = {k: v for k, v in target.text.items()
+              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
+                           "per_layer_config")}
+    config.update(
+        architectures=[ARCHITECTURE],
+        target_model_type=target.outer_model_type,
+        target_text_model_type=target.model_type,
+        global_head_dim=head_dim,
+        num_global_key_value_heads=kv_heads,
+        num_target_layers=target.num_hidden_layers,
+        num_hidden_layers=shape.layers,
+        block_size=shape.block_size,
+        tie_word_embeddings=False,
+        layer_types=["full_attention"] * shape.layers,
+        mask_token_id=mask.token_id,
+        target_layer_ids=list(target_layers),
+        num_anchors=anchors,
+        enable_confidence_head=shape.confidence,
+        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
+        markov_rank=shape.markov_rank,
+        use_cache=True,
+    )
+    if shape.markov_rank:
+        config["markov_head_type"] = shape.markov_head_type
+    return config
+
+
 FAMILY = Family(
     name="gemma4",
     architectures=(ARCHITECTURE,),
@@ -203,6 +249,9 @@ FAMILY = Family(
     layer_tensors=layer_tensors,
     layer_linears=layer_linears,
     vllm_shares_embeddings=False,
+    draft_config=draft_config,
     rules=(embeddings_shipped, vocabulary, attention_layout, heads),
     optional_layer_tensors=(("layer_scalar", (1,), "[1]"),),  # a buffer DeepSpec saves; vLLM defaults it to 1.0
+    target_model_types=TARGET_MODEL_TYPES,
+    needs_target="a Gemma-4 target (model_type gemma4 or gemma4_text)",
 )

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from dspark_cli.runtime.checkpoint.families import Family, LayerTensor
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
+
+ARCHITECTURE = "Qwen3DSparkModel"
 
 
 def resolve(view: dict[str, Any]) -> dict[str, Any]:
@@ -131,13 +134,60 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# --- a new draft for a target (dspark train) ------------------------------------------------------------------------
+
+def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, anchors: int) -> dict[str, Any]:
+    """DeepSpec's Qwen3 build_draft_config: the target's (text) config with the draft fields overridden (shape: train's
+    DraftShape, mask: its MaskChoice)."""
+    config = {k: v for k, v in target.text.items()
+              if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
+                           "sliding_window", "use_sliding_window", "max_window_layers")}
+    config.update(
+        architectures=[ARCHITECTURE],
+        model_type="qwen3",
+        hidden_act="silu",  # the draft's MLP is Qwen3's (SiLU) whatever the target's is; vLLM builds only that
+        num_hidden_layers=shape.layers,
+        num_target_layers=target.num_hidden_layers,
+        layer_types=["full_attention"] * shape.layers,
+        target_layer_ids=list(target_layers),
+        mask_token_id=mask.token_id,
+        block_size=shape.block_size,
+        num_anchors=anchors,
+        markov_rank=shape.markov_rank,
+        enable_confidence_head=shape.confidence,
+        confidence_head_with_markov=bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank),
+        tie_word_embeddings=False,
+        vocab_size=mask.vocab_size,
+        use_cache=True,
+    )
+    config.update(_attention_geometry(target.text))
+    if shape.markov_rank:
+        config["markov_head_type"] = shape.markov_head_type
+    if mask.vocab_size != target.vocab_size:
+        config["draft_vocab_size"] = target.vocab_size
+    return config
+
+
+def _attention_geometry(text: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3 layer geometry for the draft of a target without attention layers (a pure state-space model such as
+    Mamba2, whose config has no attention heads or MLP width): heads of up to 128 dims, a 3 H MLP."""
+    if "num_attention_heads" in text and "intermediate_size" in text:
+        return {}
+    hidden = text["hidden_size"]
+    head_dim = min(128, hidden)
+    heads = max(1, hidden // head_dim)
+    return {"num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": head_dim,
+            "intermediate_size": 3 * hidden, "rms_norm_eps": text.get("layer_norm_epsilon", 1e-6)}
+
+
 FAMILY = Family(
     name="qwen3",
-    architectures=("Qwen3DSparkModel", "DSparkDraftModel", "DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"),
+    architectures=(ARCHITECTURE, "DSparkDraftModel", "DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"),
     title="Qwen3",
     resolve=resolve,
     layer_tensors=layer_tensors,
     layer_linears=layer_linears,
     vllm_shares_embeddings=True,
+    draft_config=draft_config,
     rules=(backbone_values,),
 )

@@ -12,7 +12,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from dspark_cli.runtime.checkpoint.read import Checkpoint, CheckpointError, TensorInfo
-from dspark_cli.runtime.checkpoint.config import GEOMETRY_KEYS, DraftConfig, TargetConfig
+from dspark_cli.runtime.checkpoint.config import GEOMETRY_KEYS, DraftConfig
+from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.checkpoint.layout import (
     MARKOV_W2,
     ExpectedTensor,
