@@ -109,7 +109,7 @@ def test_sharded_output_links_other_shards_and_updates_index(tmp_path):
     assert {k: v for k, v in index["weight_map"].items() if k not in NEW_TENSORS} == {
         k: v for k, v in old_index["weight_map"].items() if k != MARKOV_W2
     }
-    headers = [read_safetensors_header(p) for p in out.glob("*.safetensors")]
+    headers = [read_safetensors_header(p)[0] for p in out.glob("*.safetensors")]
     assert index["metadata"]["total_size"] == sum(info.nbytes for h in headers for info in h.values())
     assert sorted(report.linked_files) == sorted(set(old_index["weight_map"].values()) - {w2_shard})
     for name in report.linked_files:
@@ -122,7 +122,8 @@ def test_rewritten_shard_keeps_metadata_and_alignment(tmp_path):
     quantize_checkpoint(source, tmp_path / "out", engine="torch")
     with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
         assert handle.metadata() == {"format": "pt"}
-    header = read_safetensors_header(tmp_path / "out" / "model.safetensors")
+    header, metadata = read_safetensors_header(tmp_path / "out" / "model.safetensors")
+    assert metadata == {"format": "pt"}
     for info in header.values():
         element = info.nbytes // max(info.numel, 1)
         assert info.begin % element == 0, info.name

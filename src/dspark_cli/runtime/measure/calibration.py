@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.metrics import ECE_BINS, Calibration, calibration
 from dspark_cli.runtime.rounds import sigmoid
 
@@ -257,9 +258,7 @@ def _rise_note(before: list[Calibration], after: list[Calibration], floor: list[
 def load_temperatures(path: Path) -> list[float]:
     """The temperatures of an STS file (`temperatures`, SGLang's key, or `sts_temperatures`, TensorRT-LLM's):
     a non-empty list of finite numbers above 0. DsparkError in one sentence otherwise."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_STS_BYTES, "calibration file", "give a file written by `dspark calibrate`")
+    doc = read_json_file(path, "calibration file", MAX_STS_BYTES, "give a file written by `dspark calibrate`")
     key = next((k for k in ("temperatures", "sts_temperatures") if isinstance(doc, dict) and k in doc), None)
     values = doc.get(key) if key else None
     if not isinstance(values, list) or not values or not all(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
 from dspark_cli.runtime.rounds import scored_length, sigmoid
 
@@ -249,9 +250,7 @@ def speculative_fields(row: Row, block_size: int) -> dict:
 def read_costs(path: Path) -> dict[int, float]:
     """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
     shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_COSTS_BYTES, "verify-cost table", "give the JSON of `dspark bench verify`")
+    doc = read_json_file(path, "verify-cost table", MAX_COSTS_BYTES, "give the JSON of `dspark bench verify`")
     tokens = doc.get("tokens") if isinstance(doc, dict) else None
     ms = doc.get("ms") if isinstance(doc, dict) else None
     good = (isinstance(tokens, list) and isinstance(ms, list) and tokens and len(tokens) == len(ms)
@@ -290,9 +289,7 @@ def _row_dict(row: Row | None) -> dict | None:
 
 def read_plan_fields(path: Path) -> dict:
     """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_PLAN_BYTES, "plan file", "give a file written by `dspark plan -o`")
+    doc = read_json_file(path, "plan file", MAX_PLAN_BYTES, "give a file written by `dspark plan -o`")
     fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False
     if fields is None:
         raise DsparkError(f"{path} recommends nothing (it was planned without a verify-cost table); run `dspark "

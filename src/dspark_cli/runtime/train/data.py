@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.chat import bounded_render
-from dspark_cli.runtime.checkpoint.read import parse_json_text
+from dspark_cli.runtime.io.reading import parse_json_text
 
 if TYPE_CHECKING:
     import torch
