@@ -281,7 +281,7 @@ def test_modelopt_engine_without_modelopt_points_to_torch(draft, tmp_path, monke
         raise ImportError("No module named 'modelopt'")
 
     monkeypatch.setattr(nvfp4, "quantize_nvfp4_modelopt", missing)
-    with pytest.raises(DsparkError, match="--engine torch") as error:
+    with pytest.raises(DsparkError, match="the engine option torch") as error:
         quantize_checkpoint(draft, tmp_path / "out", engine="modelopt")
     assert error.value.exit_code == 2 and not (tmp_path / "out").exists()
 
@@ -311,7 +311,7 @@ def test_existing_output_needs_force(draft, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    with pytest.raises(DsparkError, match="--force"):
+    with pytest.raises(DsparkError, match="the force option"):
         quantize_checkpoint(draft, out, engine="torch")
     assert (out / "old.txt").exists()
     quantize_checkpoint(draft, out, engine="torch", force=True)

@@ -110,7 +110,7 @@ def fit_sts(rounds: Rounds, block_size: int) -> list[float]:
         rows = verified[:, j]
         if not rows.any():
             raise DsparkError(f"position {j + 1} of the block was never verified in the runs, so it has no outcome "
-                              "to calibrate against; use runs without --confidence-threshold.")
+                              "to calibrate against; use runs without the confidence-threshold option.")
         ece = torch.stack([_ece(survival[rows] * torch.sigmoid(logits[rows, j] / t), outcome[rows, j]) for t in grid])
         best = min(range(len(grid)), key=lambda g: (float(ece[g]), float(preference[g])))
         temperatures.append(float(grid[best]))
@@ -196,7 +196,7 @@ def rounds_of(results, source: str) -> Rounds:
         for r in result.rounds:
             if r.get("confidence_logits") is None:
                 raise DsparkError(f"{source} has rounds without raw confidence logits (a draft without a confidence "
-                                  "head, or a run file from an older dspark); run `dspark eval --json` again.")
+                                  "head, or a run file from an older dspark); run `dspark eval` with the json option again.")
             data.logits.append(r["confidence_logits"])
             data.verified.append(r["proposed"])
             data.accepted.append(r["accepted"])
@@ -232,7 +232,7 @@ def fit_runs(runs: list, names: list[str], fraction: float = HOLDOUT_FRACTION, s
     if any(run.settings.get("confidence_threshold") is not None for run in runs):
         notes.append("some runs cut verification with a confidence threshold: the positions the cut skipped have no "
                      "outcome and are left out, which biases the fit; calibrate on runs without "
-                     "--confidence-threshold.")
+                     "the confidence-threshold option.")
     sets = sorted({key[0] for key in by_prompt})
     calibrated = survival_pairs(held, temperatures, block)
     before = survival_calibration(held, [1.0] * block, block)

@@ -32,7 +32,7 @@ def read_run_document(path: Path) -> dict:
     most io.reading.MAX_JSON_DEPTH deep); RunFileError with one sentence otherwise."""
     path = Path(path)
     try:
-        doc = read_json_file(path, "run file", MAX_RUN_BYTES, "give a run file written by `dspark eval --json`",
+        doc = read_json_file(path, "run file", MAX_RUN_BYTES, "give a run file `dspark eval` writes with the json option",
                              invalid="is not valid JSON (truncated?)")
     except ReadError as error:
         raise RunFileError(error.message) from None
@@ -62,7 +62,7 @@ class _Checker:
         self.path = path
 
     def fail(self, where: str, problem: str) -> None:
-        raise RunFileError(f"{self.path}: {where} {problem}; this is not a run file `dspark eval --json` writes "
+        raise RunFileError(f"{self.path}: {where} {problem}; this is not a run file `dspark eval` writes with the json option "
                            "(truncated or edited?): fix the value or run the evaluation again.")
 
     def keys(self, value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:

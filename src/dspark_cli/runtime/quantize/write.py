@@ -216,7 +216,7 @@ def _check_output_folder(ckpt: Checkpoint, out: Path, force: bool) -> None:
     refuse_input_overlap(out, [("input checkpoint", ckpt.local_dir)], "output folder")
     check_writable_parent(out, "output folder")
     if os.path.lexists(out) and not force:
-        raise DsparkError(f"{out} already exists; choose another output folder or pass --force to replace it.")
+        raise DsparkError(f"{out} already exists; choose another output folder or pass the force option to replace it.")
 
 
 def _check_markov_w2(ckpt: Checkpoint) -> TensorInfo:
@@ -284,8 +284,8 @@ def _quantize(w2: torch.Tensor, engine: str) -> NVFP4Weight:
             return nvfp4.quantize_nvfp4_modelopt(w2)
     except ImportError:
         raise DsparkError(
-            "--engine modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
-            "or pass --engine torch, which gives bit-identical output."
+            "the engine option modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
+            "or pass the engine option torch, which gives bit-identical output."
         ) from None
     except ValueError as error:
         raise DsparkError(f"{MARKOV_W2} cannot be quantized: {error}.") from None
