@@ -8,7 +8,7 @@ getrusage(RUSAGE_CHILDREN) in a fresh wrapper process, so one measurement cannot
     seeded tensor; the two outputs are checked bit-identical (ModelOpt is the baseline);
   - bias screen bf16 / fp32: the 128-row bias-agreement sample with its screen matmul forced to each dtype,
     interleaved (bf16, fp32, bf16, ...) so load hits both alike; min and median wall and CPU of 3 runs each,
-    plus the dtype the one-time calibration (runtime/matmul_dtype.py) picks on this CPU and its cost;
+    plus the dtype the one-time calibration (runtime/quantize/matmul_dtype.py) picks on this CPU and its cost;
   - CLI: `dspark quantize --engine torch` (and with --modelopt-cli, `--engine modelopt`) on a fabricated
     2-shard draft whose Markov head has that shape: process start, imports, reading, quantizing, the bias
     sample, writing. Target: under 3 s and 1 GB for --engine torch. It runs with torch's default threads, with
@@ -91,7 +91,7 @@ def screen_child(vocab: int, rank: int) -> None:
 
     from dspark_cli.kernels.nvfp4 import quantize_nvfp4
     from dspark_cli.runtime.quantize import write as quantize
-    from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype
+    from dspark_cli.runtime.quantize.matmul_dtype import fast_matmul_dtype
 
     started, started_cpu = time.perf_counter(), time.process_time()
     chosen = fast_matmul_dtype()

@@ -107,7 +107,10 @@ MUTATIONS = [
       [("residual = (p_next - q_next).clamp_min(0.0)", "residual = p_next")], ROUND),
     # the audit of the code this issue added (the sweep and the validate cases must see each)
     m("O1", "--log-jsonl not checked against the inputs", "train/output.py",
-      [('    check_output_file(log, inputs, "--log-jsonl file")\n', "")], SWEEP),
+      [('    check_output_file(log, inputs, "the log-jsonl option file")\n', "")], SWEEP),
+    m("O12", "the bounded reader reads a file over its size cap", "io/reading.py",
+      [("    elif limit is not None and info.st_size > limit:", "    elif False:")], "test_reading.py",
+      "test_checkpoint.py"),
     m("O2", "serve lets -sc through", "engines/vllm.py", [('    if flag.startswith("-sc"):\n        return True\n', "")],
       SWEEP),
     m("O3", "--threads not bounded by the cores", "threads.py",

@@ -298,19 +298,6 @@ def test_deeply_nested_json_is_one_sentence(tmp_path, spec, name, document):
     assert error.value.code == "DSP502"
 
 
-def test_json_at_the_nesting_limit_and_huge_integers(tmp_path, spec):
-    from dspark_cli.runtime.checkpoint.read import parse_json_text
-
-    document = parse_json_text(_deep(100), "x")  # exactly at the limit: read
-    for _ in range(99):
-        (document,) = document
-    assert document == []
-    with pytest.raises(CheckpointError, match="x is not valid JSON .*digits"):
-        parse_json_text("1" * 5000, "x")
-    with pytest.raises(CheckpointError, match="x is not valid JSON"):
-        parse_json_text(b"\xff{}", "x")
-
-
 def _raw_shard(path, header_bytes: bytes, data: bytes = b"") -> None:
     path.write_bytes(struct.pack("<Q", len(header_bytes)) + header_bytes + data)
 
@@ -387,7 +374,7 @@ def test_tensor_count_is_exact_across_read_chunks(tmp_path, monkeypatch):
         assert raw.find(b'"data_offsets"', (1 << 20) - 7) == (1 << 20) - 7
         _raw_shard(tmp_path / "model.safetensors", raw, bytes(count))
         if count == 20_000:
-            assert len(checkpoint.read_safetensors_header(tmp_path / "model.safetensors")) == 20_000
+            assert len(checkpoint.read_safetensors_header(tmp_path / "model.safetensors")[0]) == 20_000
         else:
             monkeypatch.setattr(json, "loads", None)  # refused by the streaming count, before any parsing
             with pytest.raises(CheckpointError, match="declares 20001 or more tensors"):

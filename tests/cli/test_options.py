@@ -173,3 +173,11 @@ def test_value_error_traceback_with_verbose(monkeypatch):
     result = runner.invoke(_raising_app("bad value"), [])
     assert result.exit_code == 2
     assert "Traceback" in result.stderr and "error: bad value." in result.stderr
+
+
+def test_name_flags_prints_the_flag_of_each_setting_the_runtime_names():
+    from dspark_cli.cli.render import name_flags
+
+    assert name_flags("out exists; pass the force option to replace it, or the block-size option 2.") == (
+        "out exists; pass --force to replace it, or --block-size 2.")
+    assert name_flags("the target option's depth; an option of the model") == "--target's depth; an option of the model"

@@ -76,7 +76,7 @@ def test_replay_tau_and_tokens_per_s_from_a_cost_table():
     assert replay.speculative_fields(threshold, 4) == {"num_speculative_tokens": 4,
                                                        "dspark_confidence_threshold": 0.5}
     assert replay.recommend([replay.replay(prompts, Rule("fixed", 2))]) is None  # no costs: nothing to rank by
-    assert "--block-size 2" in replay.recommendation_notes(two, 4)[0]  # a k below the block: measure it for real
+    assert "the block-size option 2" in replay.recommendation_notes(two, 4)[0]  # a k below the block: measure it for real
     assert replay.recommendation_notes(same, 4) == replay.recommendation_notes(threshold, 4) == []
 
 

@@ -109,7 +109,7 @@ def test_sharded_output_links_other_shards_and_updates_index(tmp_path):
     assert {k: v for k, v in index["weight_map"].items() if k not in NEW_TENSORS} == {
         k: v for k, v in old_index["weight_map"].items() if k != MARKOV_W2
     }
-    headers = [read_safetensors_header(p) for p in out.glob("*.safetensors")]
+    headers = [read_safetensors_header(p)[0] for p in out.glob("*.safetensors")]
     assert index["metadata"]["total_size"] == sum(info.nbytes for h in headers for info in h.values())
     assert sorted(report.linked_files) == sorted(set(old_index["weight_map"].values()) - {w2_shard})
     for name in report.linked_files:
@@ -122,7 +122,8 @@ def test_rewritten_shard_keeps_metadata_and_alignment(tmp_path):
     quantize_checkpoint(source, tmp_path / "out", engine="torch")
     with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
         assert handle.metadata() == {"format": "pt"}
-    header = read_safetensors_header(tmp_path / "out" / "model.safetensors")
+    header, metadata = read_safetensors_header(tmp_path / "out" / "model.safetensors")
+    assert metadata == {"format": "pt"}
     for info in header.values():
         element = info.nbytes // max(info.numel, 1)
         assert info.begin % element == 0, info.name
@@ -280,7 +281,7 @@ def test_modelopt_engine_without_modelopt_points_to_torch(draft, tmp_path, monke
         raise ImportError("No module named 'modelopt'")
 
     monkeypatch.setattr(nvfp4, "quantize_nvfp4_modelopt", missing)
-    with pytest.raises(DsparkError, match="--engine torch") as error:
+    with pytest.raises(DsparkError, match="the engine option torch") as error:
         quantize_checkpoint(draft, tmp_path / "out", engine="modelopt")
     assert error.value.exit_code == 2 and not (tmp_path / "out").exists()
 
@@ -310,7 +311,7 @@ def test_existing_output_needs_force(draft, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    with pytest.raises(DsparkError, match="--force"):
+    with pytest.raises(DsparkError, match="the force option"):
         quantize_checkpoint(draft, out, engine="torch")
     assert (out / "old.txt").exists()
     quantize_checkpoint(draft, out, engine="torch", force=True)

@@ -215,7 +215,7 @@ def test_train_lm_head_and_embeddings_train_own_copies(tmp_path, tiny_pair):
         assert torch.equal(p, target_before[name]), name
     target_config = json.loads((target_dir / "config.json").read_text())
     assert validate_checkpoint(open_checkpoint(str(out)), target_config).errors == []
-    with pytest.raises(DsparkError, match="same flags"):
+    with pytest.raises(DsparkError, match="resume with the same values"):
         prepare_run(target_dir, [data], out, SHAPE, OPTIONS, resume=out / "checkpoint-2")
 
 
@@ -240,7 +240,7 @@ def test_resume_continues_where_the_checkpoint_left_off(tmp_path, tiny_pair):
 def test_refuses_to_overwrite_output(tmp_path, tiny_pair):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
-    with pytest.raises(DsparkError, match="--force"):
+    with pytest.raises(DsparkError, match="the force option"):
         prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "out", SHAPE, OPTIONS)
     assert (tmp_path / "out" / "keep.txt").exists()
 

@@ -278,6 +278,6 @@ def test_resume_with_other_trainable_copies_is_refused(pair, tmp_path):
     first = train(pair, tmp_path / "a", "--save-every", "2", "--train-lm-head")
     assert first.exit_code == 0, first.output
     checkpoint = tmp_path / "a" / "checkpoint-2"
-    one_sentence_error(resume(pair, tmp_path / "b", checkpoint), "other --train-embeddings / --train-lm-head flags")
+    one_sentence_error(resume(pair, tmp_path / "b", checkpoint), "other values of --train-embeddings / --train-lm-head")
     resumed = resume(pair, tmp_path / "c", checkpoint, "--train-lm-head")
     assert resumed.exit_code == 0, resumed.output

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dspark_cli.cli import options
-from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
+from dspark_cli.cli.render import console, emit_json, err_console, handle_errors, name_flags
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
 from dspark_cli.runtime.units import format_bytes
 
@@ -107,7 +107,7 @@ def markov(
         for temp in config.temperatures:
             out.print(_table(report, fmt, temp))
     for note in report.notes:
-        out.print(Text(f"• {note}", style="dim"), highlight=False)
+        out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
     if json_out is not None:
         emit_json(report.to_dict(), json_out)
     if plot is not None:
@@ -147,7 +147,7 @@ def _table(report, fmt: str, temperature: float) -> Table:
                    f"Vd={report.draft_vocab} r={report.rank} N={report.block}"
                    + ("" if report.head_type == "vanilla" else f" · {report.head_type} head H={report.hidden_size}")
                    + f" · {report.device_name}"),
-        caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({report.peak_source}) + one launch "
+        caption=Text(f"bound = weight bytes / {report.peak_gbps:.0f} GB/s ({name_flags(report.peak_source)}) + one launch "
                      f"({report.launch_us:.1f} µs) · ×1, ×2 = speedup over 1 dense, 2 top-k bf16 in the same mode · "
                      f"spread = (p90 - min) / min, ! = over {SPREAD_LIMIT:.0%}: too noisy to compare"
                      + (" · * Triton kernel under the interpreter: tokens checked, not timed"

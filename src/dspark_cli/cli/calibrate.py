@@ -52,7 +52,7 @@ def calibrate(
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(_table(result))
     for note in result.notes:
-        console.print(Text(f"note: {note}", style="yellow"))
+        console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
     console.print(Text.assemble("written to ", (str(out), "bold"), " (SGLang: --speculative-dspark-confidence-sts-path; "
                                 "TensorRT-LLM: confidence_sts_path; dspark: --calibration)"))
 

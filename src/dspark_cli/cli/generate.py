@@ -159,7 +159,7 @@ def read_prompts(path: Path) -> list[str]:
     """Prompts from a .txt file (one per non-empty line) or a .jsonl file (per line a JSON string, an object with
     a 'prompt' string, or a `dspark eval` prompt-set record whose 'turns' list gives the first turn)."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.checkpoint.read import parse_json_text
+    from dspark_cli.runtime.io.reading import parse_json_text
     from dspark_cli.runtime.measure.evaluation import prompt_of_record
 
     try:

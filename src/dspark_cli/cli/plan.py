@@ -70,7 +70,7 @@ def plan(
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(_table(result))
     for note in notes:
-        console.print(Text(f"note: {note}", style="yellow"))
+        console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
     if result.recommended is not None:
         fixed, threshold = document["best_fixed"], document["best_threshold"]
         best = f"best fixed verify length: k = {int(fixed['value'])} ({fixed['tokens_per_s']:.1f} tokens/s)"

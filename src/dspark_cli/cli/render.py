@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -28,6 +29,16 @@ class State:
 
 
 state = State()
+
+# The runtime names a setting ("the force option"), not its flag; the CLI prints the flag ("--force") in its place
+# (docs/architecture.md, "The runtime raises, the CLI words").
+_SETTING = re.compile(r"\bthe ([a-z][a-z0-9]*(?:-[a-z0-9]+)*) option\b")
+
+
+def name_flags(text: str) -> str:
+    """A runtime sentence (an error, a validate finding, a note) as the CLI prints it: each setting it names
+    ("the force option", "the block-size option") becomes its flag ("--force", "--block-size")."""
+    return _SETTING.sub(lambda match: f"--{match.group(1)}", text)
 
 
 class Command(TyperCommand):
@@ -95,7 +106,7 @@ def _with_written(message: str, files) -> str:
 def _print_error(message: str) -> None:
     if state.verbose:
         err_console.print(traceback.format_exc(), markup=False, highlight=False)
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(name_flags(message))}", highlight=False, soft_wrap=True)
 
 
 def sentence(text: str) -> str:

@@ -84,8 +84,8 @@ def print_report(report: "Report", strict: bool, exit_code: int) -> None:
         for finding in findings:
             shown[finding.code] = shown.get(finding.code, 0) + 1
             if shown[finding.code] <= SHOWN_PER_CODE:
-                table.add_row(Text(f"  {mark} {finding.code}", style=style), Text(finding.message))
-                table.add_row("", Text(f"fix: {finding.hint}", style="dim"))
+                table.add_row(Text(f"  {mark} {finding.code}", style=style), Text(render.name_flags(finding.message)))
+                table.add_row("", Text(f"fix: {render.name_flags(finding.hint)}", style="dim"))
         for code, count in shown.items():
             if count > SHOWN_PER_CODE:
                 table.add_row(Text(f"  {mark} {code}", style=style),
@@ -95,7 +95,7 @@ def print_report(report: "Report", strict: bool, exit_code: int) -> None:
     if report.skipped:
         console.print(Text("\nSkipped", style="bold"))
         for skipped in report.skipped:
-            console.print(Text(f"  - {skipped.check}: {skipped.reason}", style="dim"))
+            console.print(Text(f"  - {skipped.check}: {render.name_flags(skipped.reason)}", style="dim"))
     console.print()
     console.print(summary_line(report, strict, exit_code))
 
@@ -116,7 +116,7 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
         return rows + [("architecture", str(resolved.get("architecture")))]
 
     def sourced(entry: dict) -> str:
-        return f"{entry['value']}  ({entry['source'] or 'not set'})"
+        return f"{entry['value']}  ({render.name_flags(entry['source'] or 'not set')})"
 
     layers = resolved["target_layer_ids"]
     rows += [

@@ -20,6 +20,6 @@ def demo_pair() -> tuple[Path, Path]:
     """(target_dir, draft_dir) of the shipped demo pair; DsparkError when it has not been built."""
     target, draft = DEMO_DIR / "target", DEMO_DIR / "draft"
     if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
-        raise DsparkError("the demo pair is not built yet; run `python scripts/build_demo.py` or pass --target and "
-                          "--draft")
+        raise DsparkError("the demo pair is not built yet; run `python scripts/build_demo.py` or pass the target "
+                          "option and the draft option")
     return target, draft

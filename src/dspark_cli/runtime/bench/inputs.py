@@ -123,9 +123,9 @@ def random_heads(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, h
     from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
     if head_type not in HEAD_TYPES:
-        raise DsparkError(f"--head-type must be one of {', '.join(HEAD_TYPES)}, got {head_type!r}.")
+        raise DsparkError(f"the head-type option must be one of {', '.join(HEAD_TYPES)}, got {head_type!r}.")
     if head_type != "vanilla" and (hidden is None or hidden < 1):
-        raise DsparkError(f"a {head_type} head needs --hidden, the hidden size it reads, of at least 1; got {hidden}.")
+        raise DsparkError(f"a {head_type} head needs the hidden option, the hidden size it reads, of at least 1; got {hidden}.")
     _check_shapes(config, vocab, draft_vocab, rank)
     gen = torch.Generator(config.device).manual_seed(config.seed)
     device = config.device
@@ -213,7 +213,7 @@ def _head_in_format(fmt: str, weights: MarkovWeights, dtype: torch.dtype, note: 
     return Head(fmt, MarkovWeights(weights.w1, dense, packed, weights.scale, weights.d2t, weights.head), note)
 
 
-def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, source: str = "--vocab/--rank") -> None:
+def _check_shapes(config: BenchConfig, vocab: int, draft_vocab: int, rank: int, source: str = "the vocab option / the rank option") -> None:
     if min(vocab, draft_vocab, rank) < 1 or draft_vocab > vocab:
         raise DsparkError(f"{source}: need vocab >= draft vocab >= 1 and rank >= 1, got vocab {vocab}, "
                           f"draft vocab {draft_vocab}, rank {rank}.")

@@ -138,7 +138,7 @@ def resolve_peak(device: str, requested: float | None) -> tuple[float, str, str]
     """-> (peak GB/s, where it comes from, device name)."""
     name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
     if requested is not None:
-        return requested, "--peak-gbps", name
+        return requested, "the peak-gbps option", name
     if device == "cuda":
         for pattern, gbps in PEAK_GBPS:
             if re.search(pattern, name, flags=re.IGNORECASE):

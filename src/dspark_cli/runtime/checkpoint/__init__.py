@@ -1,7 +1,7 @@
 """checkpoint/: a draft and its target as files, before any weight is loaded (torch-free).
 
-- read.py      open a local folder or hub id: config.json, safetensors headers, one tensor on demand; the one
-               JSON reader (`open_checkpoint`, `read_target_config`, `parse_json_text`, `CheckpointError`)
+- read.py      open a local folder or hub id: config.json, safetensors headers, one tensor on demand, through
+               io/reading.py (`open_checkpoint`, `read_target_config`, `read_safetensors_header`, `CheckpointError`)
 - config.py    `DraftConfig`: every config key and its vLLM resolution order; other draft formats mapped onto it
 - formats.py   the layouts by `DraftConfig.format` key and the names reports give them
 - layout.py    the tensor schema: names, aliases, the tensors a config implies, the Linear layers vLLM builds

@@ -8,7 +8,6 @@ level, so `dspark validate` stays fast.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import stat
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.io.reading import ReadError, open_regular, parse_json_text, read_bounded
 
 CONFIG_FILE = "config.json"
 QUANT_CONFIG_FILE = "hf_quant_config.json"  # ModelOpt's legacy quantization config
@@ -32,7 +32,6 @@ MAX_HEADER_BYTES = 100_000_000
 # minutes and gigabytes (docs/validate.md, "Limits").
 MAX_TENSORS = 10_000
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, the shard index, hf_quant_config.json: real ones are a few MB at most
-MAX_JSON_DEPTH = 100  # nesting of objects/arrays; real configs nest fewer than 10 levels
 SKIPPED_FOLDERS = (".cache", ".git")  # huggingface_hub local_dir metadata, a git clone's object store
 
 # safetensors dtype string -> bytes per element
@@ -187,79 +186,29 @@ def open_checkpoint(source: str | os.PathLike, revision: str | None = None) -> C
 
 def read_json(path: Path, what: str) -> Any:
     """Parse a checkpoint's JSON file (`what` names it in messages): a regular file of at most MAX_JSON_BYTES."""
-    with open_regular(path, what, limit=MAX_JSON_BYTES) as handle:
-        data = handle.read(MAX_JSON_BYTES + 1)
-    if len(data) > MAX_JSON_BYTES:
-        raise CheckpointError("DSP501", f"{path} grew beyond the {MAX_JSON_BYTES}-byte limit while being read; "
-                              "check the file.")
-    return parse_json_text(data, str(path))
+    with _as_checkpoint_error("DSP501"):
+        data = read_bounded(path, what, MAX_JSON_BYTES)
+    with _as_checkpoint_error("DSP502"):
+        return parse_json_text(data, str(path))
 
 
 @contextlib.contextmanager
-def open_regular(path: Path, what: str, limit: int | None) -> Iterator[BinaryIO]:
-    """Open `path` for reading only if it is a regular file (of at most `limit` bytes); never blocks on a FIFO."""
+def _as_checkpoint_error(code: str) -> Iterator[None]:
+    """io.reading's ReadError, re-raised as a CheckpointError with validate's `code`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise CheckpointError("DSP501", f"{path} is missing; a checkpoint folder needs its {what}.") from None
-    except OSError as error:
-        raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(
-                "DSP501", f"{path} is not a regular file (a folder, FIFO or device); the {what} must be a file."
-            )
-        if limit is not None and info.st_size > limit:
-            raise CheckpointError(
-                "DSP501", f"{path} has {info.st_size} bytes, more than the {limit}-byte limit for a {what}; "
-                "it is not a real one, check the file."
-            )
-        yield handle
+        yield
+    except ReadError as error:
+        raise CheckpointError(code, error.message) from None
 
 
-def parse_json_text(
-    text: str | bytes, where: str, fix: str = "re-download or fix the file", *, code: str = "DSP502",
-    invalid: str = "is not valid JSON",
-) -> Any:
-    """json.loads with one-sentence errors (CheckpointError `code`) for invalid, undecodable or absurdly nested JSON.
+def read_safetensors_header(
+    path: Path, file_name: str | None = None
+) -> tuple[dict[str, TensorInfo], dict[str, str] | None]:
+    """Parse and check one safetensors header: JSON, known dtypes, sizes that match shapes, in-file, no overlap.
 
-    Every JSON reader of dspark goes through here: Python's parser raises RecursionError on deep nesting.
-    The sentence is "{where} {invalid} ({detail}); {fix}."."""
-    try:
-        document = json.loads(text)
-    except RecursionError:
-        document = None  # reported below, like any nesting deeper than MAX_JSON_DEPTH
-    except json.JSONDecodeError as error:
-        raise CheckpointError(code, f"{where} {invalid} (line {error.lineno}: {error.msg}); {fix}.") from None
-    except (UnicodeDecodeError, ValueError) as error:  # bad UTF-8; an integer of more than 4300 digits
-        raise CheckpointError(code, f"{where} {invalid} ({error}); {fix}.") from None
-    else:
-        if _json_depth_within(document, MAX_JSON_DEPTH):
-            return document
-    raise CheckpointError(
-        code, f"{where} nests JSON objects or arrays more than {MAX_JSON_DEPTH} levels deep, which no real "
-        f"file does; {fix}."
-    )
-
-
-def _json_depth_within(document: Any, limit: int) -> bool:
-    """Whether at most `limit` objects/arrays nest in `document` ("[]" is 1 deep); iterative, so deep input is safe."""
-    level, depth = [document], 0
-    while True:
-        containers = [node for node in level if isinstance(node, (dict, list))]
-        if not containers:
-            return True
-        depth += 1
-        if depth > limit:
-            return False
-        level = [child for node in containers for child in (node.values() if isinstance(node, dict) else node)]
-
-
-def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[str, TensorInfo]:
-    """Parse and check one safetensors header: JSON, known dtypes, sizes that match shapes, in-file, no overlap."""
+    Returns its tensors by name (in header order) and its `__metadata__` (None when it has none)."""
     file_name = file_name or path.name
-    with open_regular(path, "safetensors weights file", limit=None) as handle:
+    with _as_checkpoint_error("DSP501"), open_regular(path, "safetensors weights file") as handle:
         size = os.fstat(handle.fileno()).st_size
         try:
             prefix = handle.read(8)
@@ -278,12 +227,14 @@ def read_safetensors_header(path: Path, file_name: str | None = None) -> dict[st
                 )
             raw = _read_counting_tensors(handle, header_len, path)
         except OSError as error:
-            raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror}); check the file.") from None
-    header = parse_json_text(raw, f"{path}'s safetensors header", "re-download the file", code="DSP503")
+            raise CheckpointError("DSP501", f"cannot read the safetensors weights file {path}: "
+                                  f"{error.strerror or error}.") from None
+    with _as_checkpoint_error("DSP503"):
+        header = parse_json_text(raw, f"{path}'s safetensors header", "re-download the file")
     if not isinstance(header, dict):
         raise CheckpointError("DSP503", f"{path} has a safetensors header that is not a JSON object; re-download it.")
     _check_tensor_count(len(header) - ("__metadata__" in header), path)
-    return _tensor_infos(header, path, file_name, data_start=8 + header_len, size=size)
+    return _tensor_infos(header, path, file_name, data_start=8 + header_len, size=size), header.get("__metadata__")
 
 
 def _read_counting_tensors(handle: BinaryIO, length: int, path: Path) -> bytes:
@@ -398,7 +349,7 @@ def _open_local(source: str, root: Path) -> Checkpoint:
         ckpt.hf_quant_config = _config_object(read_json(quant_path, QUANT_CONFIG_FILE), quant_path)
     total = 0
     for name in _weight_files(ckpt, root):
-        ckpt.shards[name] = read_safetensors_header(_member(ckpt, name), name)
+        ckpt.shards[name], _ = read_safetensors_header(_member(ckpt, name), name)
         total += len(ckpt.shards[name])
         _check_tensor_count(total, root)
     return ckpt

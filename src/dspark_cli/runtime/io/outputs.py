@@ -237,7 +237,7 @@ def rename_noreplace(source: Path, destination: Path) -> None:
 
 
 def _exists_message(out: Path) -> str:
-    return f"{out} already exists; choose another output folder or pass --force to replace it."
+    return f"{out} already exists; choose another output folder or pass the force option to replace it."
 
 
 @contextlib.contextmanager
@@ -280,7 +280,7 @@ def _publish(tmp: Path, out: Path) -> None:
         rename_noreplace(tmp, out)
     except FileExistsError:
         raise DsparkError(f"{out} appeared while this output was being written (another run?); it was left as "
-                          "it is and nothing was written. Choose another output folder or pass --force.") from None
+                          "it is and nothing was written. Choose another output folder or pass the force option.") from None
 
 
 def replace_path(tmp: Path, out: Path) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.metrics import ECE_BINS, Calibration, calibration
 from dspark_cli.runtime.rounds import sigmoid
 
@@ -109,7 +110,7 @@ def fit_sts(rounds: Rounds, block_size: int) -> list[float]:
         rows = verified[:, j]
         if not rows.any():
             raise DsparkError(f"position {j + 1} of the block was never verified in the runs, so it has no outcome "
-                              "to calibrate against; use runs without --confidence-threshold.")
+                              "to calibrate against; use runs without the confidence-threshold option.")
         ece = torch.stack([_ece(survival[rows] * torch.sigmoid(logits[rows, j] / t), outcome[rows, j]) for t in grid])
         best = min(range(len(grid)), key=lambda g: (float(ece[g]), float(preference[g])))
         temperatures.append(float(grid[best]))
@@ -195,7 +196,7 @@ def rounds_of(results, source: str) -> Rounds:
         for r in result.rounds:
             if r.get("confidence_logits") is None:
                 raise DsparkError(f"{source} has rounds without raw confidence logits (a draft without a confidence "
-                                  "head, or a run file from an older dspark); run `dspark eval --json` again.")
+                                  "head, or a run file from an older dspark); run `dspark eval` with the json option again.")
             data.logits.append(r["confidence_logits"])
             data.verified.append(r["proposed"])
             data.accepted.append(r["accepted"])
@@ -231,7 +232,7 @@ def fit_runs(runs: list, names: list[str], fraction: float = HOLDOUT_FRACTION, s
     if any(run.settings.get("confidence_threshold") is not None for run in runs):
         notes.append("some runs cut verification with a confidence threshold: the positions the cut skipped have no "
                      "outcome and are left out, which biases the fit; calibrate on runs without "
-                     "--confidence-threshold.")
+                     "the confidence-threshold option.")
     sets = sorted({key[0] for key in by_prompt})
     calibrated = survival_pairs(held, temperatures, block)
     before = survival_calibration(held, [1.0] * block, block)
@@ -257,9 +258,7 @@ def _rise_note(before: list[Calibration], after: list[Calibration], floor: list[
 def load_temperatures(path: Path) -> list[float]:
     """The temperatures of an STS file (`temperatures`, SGLang's key, or `sts_temperatures`, TensorRT-LLM's):
     a non-empty list of finite numbers above 0. DsparkError in one sentence otherwise."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_STS_BYTES, "calibration file", "give a file written by `dspark calibrate`")
+    doc = read_json_file(path, "calibration file", MAX_STS_BYTES, "give a file written by `dspark calibrate`")
     key = next((k for k in ("temperatures", "sts_temperatures") if isinstance(doc, dict) and k in doc), None)
     values = doc.get(key) if key else None
     if not isinstance(values, list) or not values or not all(

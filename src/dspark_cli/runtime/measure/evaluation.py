@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.measure.run_file import RUN_FORMAT, RunFileError, read_bounded_text, read_run_document
+from dspark_cli.runtime.io.reading import parse_json_text, read_bounded_text
+from dspark_cli.runtime.measure.run_file import RUN_FORMAT, RunFileError, read_run_document
 from dspark_cli.runtime.measure.metrics import STAGE_SECTIONS, Calibration, round_dicts, stage_sections, summarize
 from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
 
@@ -55,7 +55,7 @@ def read_prompt_set(path: Path, limit: int | None = None, seed: int = 0) -> Prom
     path = Path(path)
     if path.suffix not in (".jsonl", ".txt"):
         raise DsparkError(f"{path}: use a .jsonl file (DeepSpec's eval_datasets layout) or a .txt file.")
-    text = read_bounded_text(path, MAX_PROMPT_SET_BYTES, "prompt set")
+    text = read_bounded_text(path, "prompt set", MAX_PROMPT_SET_BYTES)
     prompts = _jsonl_prompts(path, text) if path.suffix == ".jsonl" else _txt_prompts(text)
     if not prompts:
         raise DsparkError(f"{path} holds no prompts; give at least one.")
@@ -70,11 +70,7 @@ def _jsonl_prompts(path: Path, text: str) -> list[str]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = parse_json_text(line, f"{path} line {number}", "give one JSON record per line",
-                                     invalid="is not JSON")
-        except CheckpointError as error:  # invalid, an integer too long to parse, or nested absurdly deep
-            raise DsparkError(error.message) from None
+        record = parse_json_text(line, f"{path} line {number}", "give one JSON record per line", invalid="is not JSON")
         prompt = prompt_of_record(record)
         if not isinstance(prompt, str) or not prompt:
             raise DsparkError(f"{path} line {number}: give an object with a non-empty 'turns' list of strings "

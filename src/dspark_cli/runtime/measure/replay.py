@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
 from dspark_cli.runtime.rounds import scored_length, sigmoid
 
@@ -178,7 +179,7 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
     base = by_block.pop(block)
     prompts = [rounds_of_result(result) for run in base for result in run.results]
     if not any(prompts):
-        raise DsparkError("the runs hold no rounds to replay; run `dspark eval --json` on some prompts first.")
+        raise DsparkError("the runs hold no rounds to replay; run `dspark eval` with the json option on some prompts first.")
     has_logits = all(r.logits is not None for rounds in prompts for r in rounds)
     if temperatures is not None and len(temperatures) < block:
         raise DsparkError(f"the calibration has {len(temperatures)} temperatures but the runs' block has {block} "
@@ -187,14 +188,14 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
         missing = [t for t in range(1, block + 2) if t not in costs]
         if missing:
             raise DsparkError(f"the verify-cost table has no time for a pass over {missing[0]} tokens; the replay "
-                              f"needs 1 to {block + 1} (`dspark bench verify --tokens {block + 1}`).")
+                              f"needs 1 to {block + 1} (`dspark bench verify` with the tokens option {block + 1}).")
     notes = []
     if not has_logits:
         notes.append("the runs carry no raw confidence logits (no confidence head, or an older run file): only fixed "
                      "verify lengths are replayed.")
     if any(run.settings.get("confidence_threshold") is not None for run in base):
         notes.append("the runs were cut by a confidence threshold, so longer verification than recorded is censored "
-                     "(a lower bound); replay runs without --confidence-threshold.")
+                     "(a lower bound); replay runs without the confidence-threshold option.")
     rules = rules_for(block, has_logits, temperatures is not None)
     rows = [replay(prompts, rule, temperatures, costs) for rule in rules]
     for k, measured in sorted(by_block.items()):
@@ -206,13 +207,13 @@ def _measured_prompts(measured: list, base: list, k: int, block: int) -> list[li
     """The rounds of the block-k runs, checked to be fixed-block runs of the base runs' prompts."""
     if any(run.settings.get("confidence_threshold") is not None for run in measured):
         raise DsparkError(f"the runs of block size {k} cut verification with a confidence threshold; give runs of "
-                          f"`dspark eval --block-size {k}` without --confidence-threshold to measure block {k}.")
+                          f"`dspark eval` with the block-size option {k} and without the confidence-threshold option to measure block {k}.")
     keys = {(r.set_name, r.index, r.prompt) for run in measured for r in run.results}
     base_keys = {(r.set_name, r.index, r.prompt) for run in base for r in run.results}
     if keys != base_keys:
         raise DsparkError(f"the runs of block size {k} hold other prompts than the block-{block} runs "
                           f"({len(keys)} against {len(base_keys)}, {len(keys ^ base_keys)} not in both); run "
-                          f"`dspark eval --block-size {k}` on the same prompt sets and settings.")
+                          f"`dspark eval` with the block-size option {k} on the same prompt sets and settings.")
     return [rounds_of_result(result) for run in measured for result in run.results]
 
 
@@ -234,7 +235,7 @@ def recommendation_notes(row: Row | None, block_size: int) -> list[str]:
     k = int(row.rule.value)
     return [f"k = {k} replays the first {k} slots of the recorded {block_size}-slot blocks; served with "
             f"num_speculative_tokens = {k}, the draft drafts {k}-slot blocks of its own, whose τ differs (on the demo "
-            f"pair 5% higher at k = 3); measure it: run `dspark eval --block-size {k}` on the same prompts and give "
+            f"pair 5% higher at k = 3); measure it: run `dspark eval` with the block-size option {k} on the same prompts and give "
             "that run to `dspark plan` as well."]
 
 
@@ -249,9 +250,7 @@ def speculative_fields(row: Row, block_size: int) -> dict:
 def read_costs(path: Path) -> dict[int, float]:
     """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
     shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_COSTS_BYTES, "verify-cost table", "give the JSON of `dspark bench verify`")
+    doc = read_json_file(path, "verify-cost table", MAX_COSTS_BYTES, "give the JSON of `dspark bench verify`")
     tokens = doc.get("tokens") if isinstance(doc, dict) else None
     ms = doc.get("ms") if isinstance(doc, dict) else None
     good = (isinstance(tokens, list) and isinstance(ms, list) and tokens and len(tokens) == len(ms)
@@ -260,7 +259,7 @@ def read_costs(path: Path) -> dict[int, float]:
             and all(isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m > 0 for m in ms))
     if not good:
         raise DsparkError(f"{path} needs 'tokens' (distinct integers >= 1) and 'ms' (one time above 0 per entry) "
-                          "lists of the same length, as `dspark bench verify --json` writes.")
+                          "lists of the same length, as `dspark bench verify` writes with the json option.")
     return dict(zip(tokens, (float(m) for m in ms)))
 
 
@@ -290,13 +289,11 @@ def _row_dict(row: Row | None) -> dict | None:
 
 def read_plan_fields(path: Path) -> dict:
     """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
-    from dspark_cli.runtime.measure.run_file import read_json_file
-
-    doc = read_json_file(path, MAX_PLAN_BYTES, "plan file", "give a file written by `dspark plan -o`")
+    doc = read_json_file(path, "plan file", MAX_PLAN_BYTES, "give a file written by `dspark plan -o`")
     fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False
     if fields is None:
         raise DsparkError(f"{path} recommends nothing (it was planned without a verify-cost table); run `dspark "
-                          "plan` with --costs.")
+                          "plan` with the costs option.")
     if not isinstance(fields, dict) or set(fields) - {"num_speculative_tokens", "dspark_confidence_threshold"}:
         raise DsparkError(f"{path} is not a plan of `dspark plan -o` ({PLAN_FORMAT}); give one.")
     k = fields.get("num_speculative_tokens")

@@ -9,13 +9,11 @@ names the file, the key (as a path such as `results[3].rounds[7].accepted`) and 
 from __future__ import annotations
 
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.checkpoint.read import CheckpointError, parse_json_text
+from dspark_cli.runtime.io.reading import ReadError, read_json_file
 
 RUN_FORMAT = "dspark-eval/2"  # /2 adds the rounds' raw confidence logits
 READABLE_FORMATS = ("dspark-eval/1", RUN_FORMAT)
@@ -31,43 +29,14 @@ class RunFileError(DsparkError):
 
 def read_run_document(path: Path) -> dict:
     """The checked document of the run file at `path` (a regular file of at most MAX_RUN_BYTES, JSON nested at
-    most MAX_JSON_DEPTH deep); RunFileError with one sentence otherwise."""
+    most io.reading.MAX_JSON_DEPTH deep); RunFileError with one sentence otherwise."""
     path = Path(path)
-    doc = read_json_file(path, MAX_RUN_BYTES, "run file", "give a run file written by `dspark eval --json`",
-                         invalid="is not valid JSON (truncated?)")
-    return check_run_document(doc, path)
-
-
-def read_json_file(path: Path, limit: int, what: str, fix: str, **parse_options):
-    """The JSON document of a bounded input file (read_bounded_text, then checkpoint.read.parse_json_text with
-    `fix` as its advice); RunFileError in one sentence otherwise."""
-    text = read_bounded_text(Path(path), limit, what)
     try:
-        return parse_json_text(text, str(path), fix, **parse_options)
-    except CheckpointError as error:
+        doc = read_json_file(path, "run file", MAX_RUN_BYTES, "give a run file `dspark eval` writes with the json option",
+                             invalid="is not valid JSON (truncated?)")
+    except ReadError as error:
         raise RunFileError(error.message) from None
-
-
-def read_bounded_text(path: Path, limit: int, what: str) -> str:
-    """The UTF-8 text of a regular file of at most `limit` bytes (a FIFO or device is refused, never read)."""
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise RunFileError(f"cannot read the {what} {path}: it is not a regular file; give a file.")
-        if info.st_size > limit:
-            raise RunFileError(f"cannot read the {what} {path}: it has {info.st_size:,} bytes, more than the "
-                               f"{limit:,}-byte limit for a {what}.")
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError as error:
-        raise RunFileError(f"cannot read the {what} {path}: {error.strerror or error}.") from None
-    if len(data) > limit:
-        raise RunFileError(f"cannot read the {what} {path}: it grew beyond the {limit:,}-byte limit while being read.")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RunFileError(f"cannot read the {what} {path}: it is not UTF-8 text ({error.reason} at byte "
-                           f"{error.start}).") from None
+    return check_run_document(doc, path)
 
 
 def _kind(value: Any) -> str:
@@ -93,7 +62,7 @@ class _Checker:
         self.path = path
 
     def fail(self, where: str, problem: str) -> None:
-        raise RunFileError(f"{self.path}: {where} {problem}; this is not a run file `dspark eval --json` writes "
+        raise RunFileError(f"{self.path}: {where} {problem}; this is not a run file `dspark eval` writes with the json option "
                            "(truncated or edited?): fix the value or run the evaluation again.")
 
     def keys(self, value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:

@@ -71,7 +71,7 @@ def load_causal_lm(path: str | Path, *, dtype: torch.dtype, device: str | torch.
                                                            ignore_mismatched_sizes=True)  # refused below, by name
     except (MemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)) as error:
         raise DsparkError(f"not enough memory to load the target model {path} in {dtype} ({first_line(error)}); "
-                          "free memory or pick a smaller --dtype.") from error
+                          "free memory or pick a smaller dtype option.") from error
     except Exception as error:  # transformers and safetensors raise many types for broken files
         raise DsparkError(f"cannot load the target model {path} ({first_line(error)}). It must be a Hugging Face "
                           "causal LM folder or hub id (config.json + safetensors); re-download it.") from error

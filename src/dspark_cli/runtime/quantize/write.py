@@ -41,10 +41,10 @@ from dspark_cli.runtime.checkpoint.read import (
     Checkpoint,
     TensorInfo,
     open_checkpoint,
-    parse_json_text,
+    read_safetensors_header,
 )
 from dspark_cli.runtime.io.outputs import atomic_output_dir, check_writable_parent, refuse_input_overlap
-from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype
+from dspark_cli.runtime.quantize.matmul_dtype import fast_matmul_dtype
 from dspark_cli.runtime.checkpoint.layout import (
     MARKOV_W1,
     MARKOV_W2,
@@ -216,7 +216,7 @@ def _check_output_folder(ckpt: Checkpoint, out: Path, force: bool) -> None:
     refuse_input_overlap(out, [("input checkpoint", ckpt.local_dir)], "output folder")
     check_writable_parent(out, "output folder")
     if os.path.lexists(out) and not force:
-        raise DsparkError(f"{out} already exists; choose another output folder or pass --force to replace it.")
+        raise DsparkError(f"{out} already exists; choose another output folder or pass the force option to replace it.")
 
 
 def _check_markov_w2(ckpt: Checkpoint) -> TensorInfo:
@@ -284,8 +284,8 @@ def _quantize(w2: torch.Tensor, engine: str) -> NVFP4Weight:
             return nvfp4.quantize_nvfp4_modelopt(w2)
     except ImportError:
         raise DsparkError(
-            "--engine modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
-            "or pass --engine torch, which gives bit-identical output."
+            "the engine option modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
+            "or pass the engine option torch, which gives bit-identical output."
         ) from None
     except ValueError as error:
         raise DsparkError(f"{MARKOV_W2} cannot be quantized: {error}.") from None
@@ -359,7 +359,7 @@ def bias_agreement(
     """Markov biases embeds [S, r] @ W2^T of the original W2 [Vd, r] and of the NVFP4 one (`weight`, with its
     bf16 dequantization `w2_nvfp4_bf16`): top-1 agreement, top-16 overlap, relative error.
 
-    A screen matmul over all Vd entries, in whichever of bf16 and fp32 is faster on this CPU (runtime/matmul_dtype.py:
+    A screen matmul over all Vd entries, in whichever of bf16 and fp32 is faster on this CPU (matmul_dtype.py:
     bf16 is 2-5x faster than fp32 with AVX512-BF16/AMX and 5-7x slower without), picks 32 candidates per vector;
     the top-16 / top-1 are then decided on exact fp32 biases of those candidates (bf16 output rounding, 2^-9
     relative, would create ties at the top). The relative error is taken from the screen biases (the bf16 figure
@@ -529,16 +529,16 @@ _SAFETENSORS_DTYPES = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.
 def rewrite_safetensors(source: Path, target: Path, *, drop: str, add: dict[str, torch.Tensor]) -> None:
     """Write `target` = safetensors file `source` without tensor `drop`, plus the tensors `add`.
 
-    Kept tensors are copied as raw bytes (bit-exact, never decoded) and the header's __metadata__ is kept.
+    The source's header is read and checked again (checkpoint.read.read_safetensors_header), so the offsets are
+    the file's as it is now. Kept tensors are copied as raw bytes (bit-exact, never decoded) and the header's
+    __metadata__ is kept.
     Tensors are laid out by decreasing element size, then name, so every tensor starts aligned to its element.
     """
-    header, data_start = _read_header(source)
-    metadata = header.pop("__metadata__", None)
+    infos, metadata = read_safetensors_header(source)
     entries: list[tuple[str, str, list[int], Any]] = []  # (name, dtype, shape, (begin, end) in source | tensor)
-    for name, entry in header.items():
+    for name, info in infos.items():
         if name != drop:
-            begin, end = entry["data_offsets"]
-            entries.append((name, entry["dtype"], entry["shape"], (data_start + begin, data_start + end)))
+            entries.append((name, info.dtype, list(info.shape), (info.begin, info.end)))
     for name, tensor in add.items():
         entries.append((name, _SAFETENSORS_DTYPES[tensor.dtype], list(tensor.shape), tensor))
     entries.sort(key=lambda e: (-DTYPE_BYTES[e[1]], e[0]))
@@ -560,13 +560,6 @@ def rewrite_safetensors(source: Path, target: Path, *, drop: str, add: dict[str,
                 _copy_range(src, dst, *payload)
             else:
                 dst.write(payload.contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The raw safetensors header (incl. __metadata__) and the file offset where its data starts."""
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return parse_json_text(handle.read(length), f"{path}'s safetensors header", code="DSP503"), 8 + length
 
 
 def _copy_range(src: BinaryIO, dst: BinaryIO, begin: int, end: int) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.chat import bounded_render
-from dspark_cli.runtime.checkpoint.read import parse_json_text
+from dspark_cli.runtime.io.reading import parse_json_text
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,7 @@ def collect_files(paths: Iterable[Path]) -> list[Path]:
             files.append(path)
         else:
             what = "not a regular file or folder" if path.exists() else "no such file or folder"
-            raise DsparkError(f"{path}: {what}; pass text files, JSONL files or folders with --data.")
+            raise DsparkError(f"{path}: {what}; pass text files, JSONL files or folders with the data option.")
     return files
 
 
@@ -59,7 +59,7 @@ def read_documents(files: Iterable[Path]) -> list[Document]:
         else:
             documents.append(Document(str(path), text=_read_text(path)))
     if not documents:
-        raise DsparkError("the training data holds no documents; check the --data paths.")
+        raise DsparkError("the training data holds no documents; check the paths of the data option.")
     return documents
 
 
@@ -67,7 +67,7 @@ def _read_text(path: Path) -> str:
     """A text file (undecodable bytes replaced); a file with NUL bytes is binary and refused."""
     data = path.read_bytes()
     if b"\0" in data:
-        raise DsparkError(f"{path} is a binary file (it contains NUL bytes); --data takes text, JSONL or folders.")
+        raise DsparkError(f"{path} is a binary file (it contains NUL bytes); the data option takes text, JSONL or folders.")
     return data.decode("utf-8", errors="replace")
 
 
@@ -101,11 +101,11 @@ def render_documents(documents: list[Document], tokenizer, chat_template: str | 
             continue
         if not template:
             raise DsparkError(f"{doc.source}: a chat record needs a chat template, but the tokenizer has none; "
-                              "pass --chat-template FILE (a Jinja template).")
+                              "pass a Jinja template file with the chat-template option.")
         texts.append(bounded_render(
             lambda: tokenizer.apply_chat_template(doc.messages, chat_template=template, tokenize=False),
             f"{doc.source}: the chat template",
-            "fix the record or the template (--chat-template FILE)"))
+            "fix the record or the template (the chat-template option)"))
     return texts
 
 
@@ -180,14 +180,14 @@ def read_chat_template(path: Path) -> str:
     path = Path(path)
     if not path.is_file():
         what = "is not a regular file" if path.exists() else "does not exist"
-        raise DsparkError(f"--chat-template {path} {what}; pass a Jinja template file.")
+        raise DsparkError(f"the chat-template option {path} {what}; pass a Jinja template file.")
     if path.stat().st_size > MAX_TEMPLATE_BYTES:
-        raise DsparkError(f"--chat-template {path} is {path.stat().st_size:,} bytes, more than a chat template's "
+        raise DsparkError(f"the chat-template option {path} is {path.stat().st_size:,} bytes, more than a chat template's "
                           f"{MAX_TEMPLATE_BYTES:,}; pass a Jinja template file.")
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
-        raise DsparkError(f"--chat-template {path} is not UTF-8 text (a binary file?); pass a Jinja template "
+        raise DsparkError(f"the chat-template option {path} is not UTF-8 text (a binary file?); pass a Jinja template "
                           "file.") from None
 
 

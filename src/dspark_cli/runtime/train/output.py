@@ -54,8 +54,8 @@ def check_output(out: Path, target: str | Path, data: list[Path], resume: Path |
     if not out.is_dir() or (taken and force):
         check_writable_parent(out, "output folder")  # out is created (again) beside its siblings
     if taken and not in_place and not force:
-        raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass --force "
-                          "to replace it, or --resume a checkpoint inside it.")
+        raise DsparkError(f"{out} already exists and is not empty; choose another output folder, pass the force "
+                          "option to replace it, or resume a checkpoint inside it (the resume option).")
     return OutputClaim(in_place=in_place, existed=out.is_dir(), replace=taken and force)
 
 
@@ -89,11 +89,11 @@ def check_log_file(log: Path | None, out: Path, target: str | Path, data: list[P
         return
     inputs = (local_inputs("target", [target]) + local_inputs("training data", data)
               + local_inputs("chat template", [chat_template]) + local_inputs("checkpoint to resume", [resume]))
-    check_output_file(log, inputs, "--log-jsonl file")
+    check_output_file(log, inputs, "the log-jsonl option file")
     if real_path(log) == real_path(out) or real_path(log) in real_path(out).parents:
-        raise DsparkError(f"--log-jsonl file {log} is the output folder {out} or holds it; give a file name.")
+        raise DsparkError(f"the log-jsonl option file {log} is the output folder {out} or holds it; give a file name.")
     if os.path.exists(log) and not os.access(log, os.W_OK):
-        raise DsparkError(f"--log-jsonl file {log} exists and is not writable; choose another file.")
+        raise DsparkError(f"the log-jsonl option file {log} exists and is not writable; choose another file.")
 
 
 def open_log_file(log: Path):
@@ -102,5 +102,5 @@ def open_log_file(log: Path):
         log.parent.mkdir(parents=True, exist_ok=True)
         return log.open("a", encoding="utf-8")
     except OSError as error:
-        raise DsparkError(f"cannot open the --log-jsonl file {log}: {error.strerror or error}; choose another "
+        raise DsparkError(f"cannot open the log-jsonl option file {log}: {error.strerror or error}; choose another "
                           "file.") from None

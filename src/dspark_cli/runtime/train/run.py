@@ -70,8 +70,8 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     if point is not None:
         saved = {name.removeprefix("draft.") for name in point.tensors if name.startswith("draft.")}
         if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:
-            raise DsparkError(f"--resume {resume}: the checkpoint was trained with other --train-embeddings / "
-                              "--train-lm-head flags than this run's; resume with the same flags.")
+            raise DsparkError(f"the resume option {resume}: the checkpoint was trained with other values of the train-embeddings option / "
+                              "the train-lm-head option than this run's; resume with the same values.")
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)

@@ -221,8 +221,8 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
                     last_saved = trainer.save_checkpoint(out / f"{CHECKPOINT_PREFIX}{trainer.step}")
         trainer.check_finite_weights()
     except Diverged as error:
-        kept = (f"the last checkpoint written is {last_saved}: lower --lr and --resume it" if last_saved else
-                "no checkpoint was written by this run: lower --lr and start again")
+        kept = (f"the last checkpoint written is {last_saved}: lower the lr option and resume it with the resume option" if last_saved else
+                "no checkpoint was written by this run: lower the lr option and start again")
         raise DsparkError(f"training diverged at {error.message} (not finite), so no final draft was written; "
                           f"{kept}.") from None
     return save_final(trainer.draft, out) if trainer.dist.is_main else out

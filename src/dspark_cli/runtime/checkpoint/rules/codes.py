@@ -59,7 +59,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP046": (WARNING, "vLLM soft-caps the Gemma-4 Markov bias, DeepSpec does not"),
     "DSP047": (ERROR, "Gemma-4 full-attention geometry not uniform or not stated"),
     # vLLM load errors
-    "DSP100": (INFO, "no --target: target vocabulary assumed equal to vocab_size"),
+    "DSP100": (INFO, "without the target option: target vocabulary assumed equal to vocab_size"),
     "DSP101": (ERROR, "expanded input vocab without embed_tokens"),
     "DSP102": (ERROR, "reduced draft vocab without lm_head"),
     "DSP103": (ERROR, "reduced draft vocab without d2t"),
@@ -126,7 +126,7 @@ READ_ERRORS: dict[str, str] = {
     "DSP511": "hub checkpoint unavailable",
     "DSP512": "target config lacks vocab_size, hidden_size or num_hidden_layers",
     "DSP513": "safetensors data section with gaps or trailing bytes",
-    "DSP514": "tensor data could not be loaded (--deep)",
+    "DSP514": "tensor data could not be loaded (the deep option)",
 }
 
 

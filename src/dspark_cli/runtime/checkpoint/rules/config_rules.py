@@ -92,7 +92,7 @@ def dspark_keys(ctx: RuleContext) -> Results:
     rank = view.get("markov_rank")
     if rank == 0 and type(rank) is int:
         out.add("DSP007", "markov_rank is 0: this is DeepSpec's DFlash ablation (the DSpark layout without a "
-                "Markov head), as `dspark train --markov-rank 0` writes it; dspark generate runs it, but vLLM's "
+                "Markov head), as `dspark train` writes it with the markov-rank option 0; dspark generate runs it, but vLLM's "
                 "dspark method always builds a Markov head of markov_rank and is not known to serve rank 0.",
                 "Use it for comparisons and with dspark generate; to serve with vLLM, train a Markov head "
                 "(markov_rank > 0).")
@@ -188,7 +188,7 @@ def target_layer_ids(ctx: RuleContext) -> Results:
                 "input blocks) or retrain.")
     depth, source = ctx.target_depth
     if depth is None:
-        out.skip("DSP019", "the target's depth is unknown: pass --target (or set num_target_layers)")
+        out.skip("DSP019", "the target's depth is unknown: pass the target option (or set num_target_layers)")
         return out
     outside = [v for v in values if not -1 <= v < depth]
     if outside:
@@ -239,7 +239,7 @@ def aux_hidden_state(ctx: RuleContext) -> Results:
 def target_agreement(ctx: RuleContext) -> Results:
     out, config, target = Results(), ctx.config, ctx.target
     if target is None:
-        out.skip("DSP024, DSP025, DSP031", "they compare the draft with the target: pass --target")
+        out.skip("DSP024, DSP025, DSP031", "they compare the draft with the target: pass the target option")
         return out
     width = config.target_hidden_size
     if width and width != target.hidden_size:
@@ -255,7 +255,7 @@ def target_agreement(ctx: RuleContext) -> Results:
     declared = config.num_target_layers
     if declared and declared != target.num_hidden_layers:
         out.add("DSP031", f"num_target_layers is {declared} but the target has {target.num_hidden_layers} "
-                "layers; the draft was probably trained for another target.", "Check that --target is the "
+                "layers; the draft was probably trained for another target.", "Check that the target option names the "
                 "model the draft was distilled from.")
     return out
 

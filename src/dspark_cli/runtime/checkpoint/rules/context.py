@@ -68,7 +68,7 @@ class RuleContext:
     def target_depth(self) -> tuple[int | None, str | None]:
         """The target's layer count and where it comes from."""
         if self.target:
-            return self.target.num_hidden_layers, "--target num_hidden_layers"
+            return self.target.num_hidden_layers, "num_hidden_layers of the target option"
         if self.config.num_target_layers:
             return self.config.num_target_layers, "the draft's num_target_layers"
         return None, None
@@ -115,7 +115,7 @@ def read_target(raw: dict | None) -> TargetConfig | None:
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if getattr(target, k) is None]
     if missing:
         raise CheckpointError(
-            "DSP512", f"the --target config has no positive {', '.join(missing)}; pass the target causal LM's folder."
+            "DSP512", f"the config of the target option has no positive {', '.join(missing)}; pass the target causal LM's folder."
         )
     return target
 

@@ -18,7 +18,7 @@ def tensor_values(ctx: RuleContext) -> Results:
     """Load each tensor that has a value rule, one at a time, in file order."""
     out = Results()
     if not ctx.deep:
-        out.skip("DSP601-DSP606", "tensor values are checked only with --deep")
+        out.skip("DSP601-DSP606", "tensor values are checked only with the deep option")
         return out
     for info in sorted(ctx.on_disk.values(), key=lambda i: (i.file, i.begin)):
         is_global_scale = info.name.endswith(".weight_scale_2") and info.dtype == "F32"

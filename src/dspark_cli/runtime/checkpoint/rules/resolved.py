@@ -27,7 +27,7 @@ def resolve(ctx: RuleContext) -> dict[str, Any]:
         else "vocab_size (default)",
     }
     resolved["target_vocab_size"] = {
-        "value": ctx.target_vocab, "source": "--target" if ctx.target else "assumed = vocab_size",
+        "value": ctx.target_vocab, "source": "the target option" if ctx.target else "assumed = vocab_size",
     }
     depth, depth_source = ctx.target_depth
     resolved["target_depth"] = {"value": depth, "source": depth_source}

@@ -23,9 +23,9 @@ def vocabulary(ctx: RuleContext) -> Results:
         out.skip("DSP020, DSP100-DSP106", "vocab_size or draft_vocab_size is invalid (see DSP010)")
         return out
     if ctx.target is None:
-        out.add("DSP100", f"no --target: the target vocabulary is assumed to be vocab_size ({V}) for DSP020, "
-                "DSP102, DSP103 and DSP106.", "Pass --target to check against the real target vocabulary.")
-        out.skip("DSP101", "it needs the target vocabulary: pass --target")
+        out.add("DSP100", f"without the target option, the target vocabulary is assumed to be vocab_size ({V}) for DSP020, "
+                "DSP102, DSP103 and DSP106.", "Pass the target option to check against the real target vocabulary.")
+        out.skip("DSP101", "it needs the target vocabulary: pass the target option")
     has_embed, has_lm_head, has_d2t = ctx.has_embed, ctx.has_lm_head, "d2t" in ctx.tensors
     if ctx.target and V > T and not has_embed:
         out.add("DSP101", f"vocab_size {V} is larger than the target vocabulary {T} and there is no "

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from dspark_cli.runtime import matmul_dtype
-from dspark_cli.runtime.matmul_dtype import fast_matmul_dtype, pick_faster
+from dspark_cli.runtime.quantize import matmul_dtype
+from dspark_cli.runtime.quantize.matmul_dtype import fast_matmul_dtype, pick_faster
 
 
 class FakeClock:
