@@ -10,12 +10,7 @@ RUNTIME = Path(__file__).resolve().parents[1] / "src" / "dspark_cli" / "runtime"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # Files whose messages still name flags, relative to runtime/; the list is to be emptied, not grown.
 FLAG_ALLOWED = {
-    "pair.py",  # owned by the settings/engine work, cleaned there
-    "decode/chat.py",  # owned by the settings/engine work, cleaned there
-    "decode/markov.py",  # owned by the settings/engine work, cleaned there
     "engines/vllm.py",  # owned by the settings/engine work, cleaned there
-    "train/checks.py",  # owned by the settings/engine work, cleaned there
-    "train/new_draft.py",  # owned by the settings/engine work, cleaned there
 }
 
 

@@ -75,7 +75,7 @@ def test_target_folder_or_config_file(tmp_path, draft_dir, spec):
     target = write_target_config(tmp_path / "target", spec, num_hidden_layers=2)
     for given in (target, target / "config.json"):
         document = json.loads(invoke(draft_dir, "--target", given, "--json", "-").stdout)
-        assert document["resolved"]["target_depth"] == {"value": 2, "source": "num_hidden_layers of the target option"}
+        assert document["resolved"]["target_depth"] == {"value": 2, "source": "num_hidden_layers of --target"}
         assert {f["code"] for f in document["findings"]} == {"DSP019", "DSP031"}
 
 

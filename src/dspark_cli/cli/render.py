@@ -41,6 +41,17 @@ def name_flags(text: str) -> str:
     return _SETTING.sub(lambda match: f"--{match.group(1)}", text)
 
 
+def with_flags(document: Any) -> Any:
+    """A JSON-ready document with name_flags applied to every string in it."""
+    if isinstance(document, str):
+        return name_flags(document)
+    if isinstance(document, dict):
+        return {key: with_flags(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [with_flags(value) for value in document]
+    return document
+
+
 class Command(TyperCommand):
     """Usage lines name a required argument plainly (`CHECKPOINT`), as click does, not `{CHECKPOINT}`."""
 

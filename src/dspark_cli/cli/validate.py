@@ -62,7 +62,8 @@ def validate(
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     exit_code = report.exit_code(strict)
     if json_path is not None:
-        render.emit_json({**report.to_dict(), "strict": strict, "exit_code": exit_code}, json_path)
+        document = render.with_flags(report.to_dict())  # the JSON names flags as the printed report does
+        render.emit_json({**document, "strict": strict, "exit_code": exit_code}, json_path)
     if not options.to_stdout(json_path):
         print_report(report, strict, exit_code)
     raise typer.Exit(exit_code)

@@ -98,7 +98,8 @@ def check_draft(ckpt, target_config: dict):
         first = errors[0]
         more = f" ({len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise DsparkError(f"{ckpt.source} cannot run with this target: {first.code} {first.message} Fix: "
-                          f"{first.hint}{more} Run `dspark validate {ckpt.source} --target ...` for every finding.")
+                          f"{first.hint}{more} Run `dspark validate {ckpt.source}` with the target option for "
+                          "every finding.")
     return report
 
 
@@ -207,7 +208,8 @@ class CheckedPair:
         """Whether prompts go through the chat template: `requested`, else whether the tokenizer has one."""
         has_template = bool(getattr(self.tokenizer, "chat_template", None))
         if requested and not has_template:
-            raise DsparkError(f"--chat: the tokenizer of {self.target_source} has no chat template; pass --no-chat.")
+            raise DsparkError(f"the chat option: the tokenizer of {self.target_source} has no chat template; pass "
+                              "the no-chat option.")
         return has_template if requested is None else requested
 
     def encode(self, text: str, chat: bool | None = None, thinking: bool | None = None) -> list[int]:

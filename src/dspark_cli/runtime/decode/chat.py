@@ -57,7 +57,7 @@ def render_chat(tokenizer, text: str, source: str, thinking: bool | None = None)
     return bounded_render(
         lambda: tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                               add_generation_prompt=True, **options),
-        f"the chat template of {source}", "fix the template or pass --no-chat")
+        f"the chat template of {source}", "fix the template or pass the no-chat option")
 
 
 def bounded_render(render: Callable[[], object], where: str, remedy: str) -> str:

@@ -32,18 +32,21 @@ def check_window(requested: int, seq_len: int, data_tokens: int, block_size: int
     """A window (`requested` tokens, `seq_len` once cut to the data) holds an anchor and its whole block's labels,
     within the target's context."""
     if max_positions and block_size >= max_positions:
-        raise DsparkError(f"--block-size {block_size} does not fit the target's context (max_position_embeddings "
-                          f"{max_positions}) with its anchor; use a block of at most {max_positions - 1} tokens "
+        raise DsparkError(f"the block-size option {block_size} does not fit the target's context "
+                          f"(max_position_embeddings {max_positions}) with its anchor; use a block of at most "
+                          f"{max_positions - 1} tokens "
                           "(DeepSpec's Qwen3 drafts use 7).")
     if max_positions and requested > max_positions:
-        raise DsparkError(f"--seq-len {requested} is longer than the target's context (max_position_embeddings "
-                          f"{max_positions}); use --seq-len {max_positions} or less.")
+        raise DsparkError(f"the seq-len option {requested} is longer than the target's context "
+                          f"(max_position_embeddings {max_positions}); use the seq-len option {max_positions} or less.")
     if seq_len <= block_size:
-        raise DsparkError(f"--seq-len {seq_len} is too short for --block-size {block_size}: a window needs the anchor "
-                          f"plus {block_size} labels; use --seq-len {block_size + 1} or more.")
+        raise DsparkError(f"the seq-len option {seq_len} is too short for the block-size option {block_size}: a "
+                          f"window needs the anchor plus {block_size} labels; use the seq-len option {block_size + 1} "
+                          "or more.")
     if data_tokens <= block_size:
         raise DsparkError(f"the training data tokenizes to {data_tokens} tokens, fewer than one anchor plus "
-                          f"--block-size {block_size} labels; give more text or a smaller --block-size.")
+                          f"the block-size option {block_size} labels; give more text or a smaller value of the "
+                          "block-size option.")
 
 
 # --- memory ----------------------------------------------------------------------------------------------------
@@ -110,7 +113,8 @@ def check_memory(estimate: MemoryEstimate, available: int | None, device) -> Non
             (estimate.total, estimate.draft_state, estimate.activations, estimate.target_weights, available)]
     raise DsparkError(f"one training step needs about {size[0]} ({size[1]} for the draft's weights and optimizer "
                       f"state, {size[2]} for activations, {size[3]} for the target) but {device} has {size[4]} free; "
-                      "lower --batch-size, --seq-len, --anchors, --block-size, --layers or --markov-rank.")
+                      "lower the batch-size option, the seq-len option, the anchors option, the block-size option, "
+                      "the layers option or the markov-rank option.")
 
 
 # --- resuming --------------------------------------------------------------------------------------------------
@@ -132,13 +136,13 @@ def read_json_object(path: Path, what: str) -> dict:
     return value
 
 
-REDO = "--resume takes a checkpoint-N folder written by `dspark train`; pick an earlier intact checkpoint."
+REDO = "the resume option takes a checkpoint-N folder written by `dspark train`; pick an earlier intact checkpoint."
 
 
 def _resume_folder(folder: Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
-        raise DsparkError(f"--resume {folder}: no such folder; {REDO}")
+        raise DsparkError(f"the resume option {folder}: no such folder; {REDO}")
     return folder
 
 
@@ -192,8 +196,8 @@ def check_resume_shape(point: ResumePoint, shape, target: TargetConfig, steps: i
     config, where = point.config, point.folder / "config.json"
     family = family_for(config.get("architectures") or []).name
     if shape.arch is not None and shape.arch != family:
-        raise DsparkError(f"{where}: the checkpoint is a {family} draft but this run asks for --draft-arch "
-                          f"{shape.arch}; resume with the checkpoint's family (or omit --draft-arch).")
+        raise DsparkError(f"{where}: the checkpoint is a {family} draft but this run asks for the draft-arch option "
+                          f"{shape.arch}; resume with the checkpoint's family (or omit the draft-arch option).")
     ids = config.get("target_layer_ids")
     for key in ("num_hidden_layers", "block_size", "markov_rank", "hidden_size", "intermediate_size",
                 "num_attention_heads", "vocab_size", "mask_token_id"):
@@ -217,8 +221,8 @@ def check_resume_shape(point: ResumePoint, shape, target: TargetConfig, steps: i
     with_markov = bool(shape.confidence and shape.confidence_with_markov and shape.markov_rank)
     if bool(config.get("confidence_head_with_markov")) != with_markov:
         raise DsparkError(f"{where}: confidence_head_with_markov is {config.get('confidence_head_with_markov')!r} "
-                          "but this run asks otherwise; resume with the checkpoint's --confidence-with-markov / "
-                          "--confidence-without-markov or start a new run.")
+                          "but this run asks otherwise; resume with the checkpoint's choice (the "
+                          "confidence-with-markov option or the confidence-without-markov option) or start a new run.")
     rows = target.vocab_size
     vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
     if vocab not in (rows, rows + 1) or (vocab == rows + 1 and mask != rows):
@@ -229,8 +233,8 @@ def check_resume_shape(point: ResumePoint, shape, target: TargetConfig, steps: i
             raise DsparkError(f"{where}: {key} is {config.get(key)!r} but the target's is {target.text.get(key)!r}; "
                               "resume with the target the checkpoint was trained for.")
     if point.step >= steps:
-        raise DsparkError(f"{point.folder} is at step {point.step}, already at or past --steps {steps}; pass a "
-                          "larger --steps to continue training.")
+        raise DsparkError(f"{point.folder} is at step {point.step}, already at or past the steps option {steps}; raise "
+                          "the steps option to continue training.")
 
 
 def _count(value) -> bool:

@@ -66,8 +66,8 @@ def choose_mask_token(tokenizer, embedding_rows: int, requested: int | None) -> 
     """The draft's mask token: as requested, the tokenizer's mask token, a free embedding row, or one added."""
     if requested is not None:
         if not 0 <= requested <= embedding_rows:
-            raise DsparkError(f"--mask-token-id {requested} is outside the target's vocabulary (0..{embedding_rows - 1}"
-                              f", or {embedding_rows} to add one).")
+            raise DsparkError(f"the mask-token-id option {requested} is outside the target's vocabulary "
+                              f"(0..{embedding_rows - 1}, or {embedding_rows} to add one).")
         if requested == embedding_rows:
             return MaskChoice(requested, embedding_rows + 1, f"mask token {requested} added to the vocabulary")
         return MaskChoice(requested, embedding_rows, f"mask token {requested} (as requested)")
@@ -90,10 +90,11 @@ def draft_family(target: TargetConfig, requested: str | None) -> Family:
     targets refuses the others."""
     family = FAMILIES.get(requested) if requested else family_for_target(target)
     if family is None:
-        raise DsparkError(f"--draft-arch {requested!r} is not a draft family; choose auto, {', '.join(FAMILIES)}.")
+        raise DsparkError(f"the draft-arch option {requested!r} is not a draft family; choose auto, "
+                          f"{', '.join(FAMILIES)}.")
     if not family.drafts_for(target):
-        raise DsparkError(f"--draft-arch {family.name} needs {family.needs_target}; this target's model_type is "
-                          f"{target.model_type!r}.")
+        raise DsparkError(f"the draft-arch option {family.name} needs {family.needs_target}; this target's "
+                          f"model_type is {target.model_type!r}.")
     return family
 
 
@@ -126,8 +127,9 @@ def draft_target_layers(target: TargetConfig, shape: DraftShape) -> list[int]:
     num_layers = target.num_hidden_layers
     layers = list(shape.target_layers) if shape.target_layers else default_target_layers(num_layers, shape.layers)
     if layers != sorted(set(layers)) or layers[0] < -1 or layers[-1] > num_layers - 2:
-        raise DsparkError(f"--target-layers {layers} must be strictly increasing ids in -1..{num_layers - 2} (the "
-                          f"target has {num_layers} layers; its last layer's output is post-norm and unusable).")
+        raise DsparkError(f"the target-layers option {layers} must be strictly increasing ids in "
+                          f"-1..{num_layers - 2} (the target has {num_layers} layers; its last layer's output is "
+                          "post-norm and unusable).")
     return layers
 
 
