@@ -39,3 +39,92 @@ def test_no_runtime_message_names_a_flag():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 found += [f"{name}:{node.lineno}: {flag}" for flag in FLAG.findall(node.value)]
     assert not found, "runtime messages naming flags:\n" + "\n".join(found)
+
+
+# Layers, top to bottom (docs/architecture.md): a module imports modules of lower layers, of its own folder, and
+# the shared modules; never a higher layer or a sibling folder of the same layer.
+LAYERS = [
+    ("cli",),
+    ("runtime.train", "runtime.bench", "runtime.quantize"),
+    ("runtime.pair",),
+    ("runtime.engines",),
+    ("runtime.decode", "runtime.measure"),
+    ("runtime.model",),
+    ("runtime.checkpoint",),
+    ("runtime.settings",),
+    ("runtime.rounds",),
+    ("runtime.io", "kernels"),
+]
+SHARED = ("errors", "triton_mode", "runtime.devices", "runtime.units", "runtime.threads", "runtime.demo",
+          "runtime.distributed")
+# The torch-free layers: validate, serve, plan and calibrate's reading run without torch installed.
+TORCH_FREE = ("runtime.checkpoint", "runtime.io", "runtime.settings", "runtime.rounds", "runtime.engines",
+              "runtime.measure")
+
+
+def _room(module: str) -> tuple[int, str] | None:
+    """(layer index, folder) of a dspark_cli module name without the package prefix; None for a shared one."""
+    if module.startswith(SHARED):
+        return None
+    for index, rooms in enumerate(LAYERS):
+        for room in rooms:
+            if module == room or module.startswith(room + "."):
+                return index, room
+    raise AssertionError(f"{module} is in no layer of LAYERS")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported dspark_cli module without the prefix) of every import in the file, function-level too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dspark_cli."):
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.startswith("dspark_cli.")]
+        for name in names:
+            module = name.removeprefix("dspark_cli.")
+            package = PACKAGE / module.replace(".", "/")
+            if module != "runtime" and (package.with_suffix(".py").exists() or (package / "__init__.py").exists()):
+                found.append((node.lineno, module))
+    return found
+
+
+PACKAGE = RUNTIME.parent
+
+
+def test_imports_run_down_the_layers():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+        if module in ("__init__", "__main__", "runtime") or "assets" in module:
+            continue
+        here = _room(module)
+        for line, imported in _imports(path):
+            there = _room(imported)
+            if here is None or there is None or there[1] == here[1]:
+                if here is None and there is not None:
+                    wrong.append(f"{module}:{line} shared module imports {imported}")
+                continue
+            if there[0] <= here[0]:
+                wrong.append(f"{module}:{line} imports {imported} ({'sibling' if there[0] == here[0] else 'higher'})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_torch_free_layers_import_without_torch():
+    import subprocess
+    import sys
+
+    modules = sorted({path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+                      for path in PACKAGE.rglob("*.py")})
+    chosen = [f"dspark_cli.{m}" for m in modules if m.startswith(TORCH_FREE)]
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers', 'triton', 'modelopt'):\n"
+            "            raise ImportError(f'{name} is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"import importlib\nfor m in {chosen!r}:\n    importlib.import_module(m)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]

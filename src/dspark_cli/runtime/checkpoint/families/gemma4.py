@@ -211,8 +211,8 @@ def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, an
     for the draft's layers."""
     if mask.vocab_size != target.vocab_size:
         raise DsparkError("the tokenizer has no free id for the mask token, and a Gemma-4 draft cannot add one "
-                          "(vLLM's Gemma-4 DSpark model has no separate draft vocabulary); pass --mask-token-id "
-                          "with an id the tokenizer never produces (DeepSpec's Gemma-4 draft uses 4).")
+                          "(vLLM's Gemma-4 DSpark model has no separate draft vocabulary); pass the mask-token-id "
+                          "option with an id the tokenizer never produces (DeepSpec's Gemma-4 draft uses 4).")
     head_dim, kv_heads = full_attention_geometry(target.text)
     config = {k: v for k, v in target.text.items()
               if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
