@@ -246,7 +246,7 @@ def test_bf16_pair_runs_and_starts_like_plain_decoding(pair_dirs):
     assert len(result.tokens) == 20 and result.tokens[0] == plain.tokens[0]
 
 
-def test_max_block_size_follows_the_query_layout(drafts):
+def test_trained_block_size_follows_the_query_layout(drafts):
     assert trained_block_size(drafts["bf16"].config) == 8  # N queries propose N tokens
     assert trained_block_size(drafts["layout-1+N"].config) == 8  # 1 + N queries: the anchor slot proposes nothing
 
