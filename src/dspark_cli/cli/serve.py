@@ -56,15 +56,7 @@ def serve(
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
-    threshold = None
-    if from_plan is not None:
-        from dspark_cli.runtime.measure.replay import read_plan_fields
-
-        fields = read_plan_fields(from_plan)
-        if block_size is not None and block_size != fields["num_speculative_tokens"]:
-            raise DsparkError(f"--block-size {block_size} contradicts the plan {from_plan} "
-                              f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
-        block_size, threshold = fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
+    block_size, threshold = plan_settings(from_plan, block_size)
     request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
                            draft_sample_method=draft_sample_method, port=port, engine_args=tuple(vllm_args or ()),
                            confidence_threshold=threshold)
@@ -124,6 +116,20 @@ def print_refusal(findings: "list[Finding]") -> None:
 def refusal_document(report: "Report") -> dict:
     return {"checkpoint": report.source, "refused": True,
             "findings": [f.to_dict() for f in report.findings]}
+
+
+def plan_settings(plan: Path | None, block_size: int | None) -> tuple[int | None, float | None]:
+    """The block size and survival threshold: a `dspark plan -o` file's, else --block-size's and none."""
+    if plan is None:
+        return block_size, None
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.measure.replay import read_plan_fields
+
+    fields = read_plan_fields(plan)
+    if block_size is not None and block_size != fields["num_speculative_tokens"]:
+        raise DsparkError(f"--block-size {block_size} contradicts the plan {plan} "
+                          f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
+    return fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
 
 
 def from_plan_worded(error: Exception, plan: Path | None) -> Exception:
