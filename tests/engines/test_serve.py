@@ -66,14 +66,16 @@ def test_relative_paths_become_absolute_so_the_command_works_anywhere(target_dir
 def test_block_size_defaults_to_the_trained_block_and_may_only_shrink(tmp_path, target_dir, draft_dir):
     assert dry_run(target_dir, draft_dir, "--block-size", "2")[1]["num_speculative_tokens"] == 2
     result = invoke(target_dir, draft_dir, "--block-size", "5", "--dry-run")
-    assert result.exit_code == 2 and "trained for (dspark); use 4 or less." in one_sentence(result.stderr)
+    assert result.exit_code == 2 and one_sentence(result.stderr).endswith(
+        "--block-size 5 is larger than the 4 draft tokens per round the draft was trained for; use 4 or less.")
     # DFlash layout (the anchor's slot predicts nothing): block_size 4 query slots draft 3 tokens
     dflash_layout = write_draft(tmp_path / "dflash-layout", DraftSpec(sample_from_anchor=False),
                                 edit={"dspark_bonus_anchor": True})  # the key vLLM's speculator reads (DSP033)
     assert dry_run(target_dir, dflash_layout)[1]["num_speculative_tokens"] == 3
     no_block = write_draft(tmp_path / "no-block", edit={"block_size": None})
     result = invoke(target_dir, no_block, "--dry-run")
-    assert result.exit_code == 2 and "no block_size" in one_sentence(result.stderr)
+    assert result.exit_code == 2 and "--block-size is not in the draft's config.json" in one_sentence(
+        result.stderr)
     assert dry_run(target_dir, no_block, "--block-size", "6")[1]["num_speculative_tokens"] == 6
 
 
@@ -264,7 +266,8 @@ def test_from_plan_carries_the_recommended_fields(tmp_path, target_dir, draft_di
     assert config["num_speculative_tokens"] == 2 and "dspark_confidence_threshold" not in config
     too_long = invoke(target_dir, draft_dir, "--from-plan", _plan(tmp_path / "l.json", {"num_speculative_tokens": 9}),
                       "--dry-run")
-    assert too_long.exit_code == 2 and "more than the 4 draft tokens" in one_sentence(too_long.stderr)
+    assert too_long.exit_code == 2 and ("l.json: speculative_config.num_speculative_tokens 9 is larger than the 4 "
+                                        "draft tokens") in one_sentence(too_long.stderr)
     for fields, expected in (({"num_speculative_tokens": 0}, "integer >= 1"),
                              ({"num_speculative_tokens": 2, "dspark_confidence_threshold": 2}, "in (0, 1]"),
                              ({"num_speculative_tokens": 2, "method": "eagle"}, "is not a plan"),

@@ -12,8 +12,8 @@ from rich.markup import escape
 from dspark_cli.cli import options, render
 
 if TYPE_CHECKING:
-    from dspark_cli.runtime.checkpoint.rules import Report
-    from dspark_cli.runtime.engines.vllm import ServePlan
+    from dspark_cli.runtime.checkpoint.rules import Finding, Report
+    from dspark_cli.runtime.engines.seam import ServePlan
 
 HELP = """Serve a DSpark (or DFlash) draft with its target in vLLM. Runs validate's header-only checks on the pair
 (no weights are loaded) and refuses a draft vLLM cannot load; then prints the `vllm serve` command with the
@@ -49,30 +49,24 @@ def serve(
                                                     help="Extra `vllm serve` arguments, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
+    from dspark_cli.runtime.engines import engine
+    from dspark_cli.runtime.engines.seam import DraftRefused, ServeRequest
+    from dspark_cli.runtime.engines.vllm import INSTALL_HINT, exec_vllm, find_vllm
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
-    from dspark_cli.runtime.engines.vllm import INSTALL_HINT, DraftRefused, ServeRequest, exec_vllm, find_vllm, plan_serve
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
-    threshold = None
-    if from_plan is not None:
-        from dspark_cli.runtime.measure.replay import read_plan_fields
-
-        fields = read_plan_fields(from_plan)
-        if block_size is not None and block_size != fields["num_speculative_tokens"]:
-            raise DsparkError(f"--block-size {block_size} contradicts the plan {from_plan} "
-                              f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
-        block_size, threshold = fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
+    block_size, threshold = plan_settings(from_plan, block_size)
     request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
-                           draft_sample_method=draft_sample_method, port=port, vllm_args=tuple(vllm_args or ()),
+                           draft_sample_method=draft_sample_method, port=port, engine_args=tuple(vllm_args or ()),
                            confidence_threshold=threshold)
     try:
-        plan = plan_serve(request)
+        plan = engine("vllm").plan(request)
     except DraftRefused as refused:
         if json_path is not None:
             render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code}, json_path)
         if not options.to_stdout(json_path):
-            print_refusal(refused.report)
+            print_refusal(refused.findings)
         raise
     except DsparkError as error:
         code = getattr(error, "code", None)  # a CheckpointError's DSP5xx code, printed as validate prints it
@@ -81,7 +75,7 @@ def serve(
                              json_path)
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
-        raise
+        raise from_plan_worded(error, from_plan) from None
     if json_path is not None:
         render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0}, json_path)
         if options.to_stdout(json_path):
@@ -111,9 +105,10 @@ def print_notes(plan: "ServePlan") -> None:
         console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
 
 
-def print_refusal(report: "Report") -> None:
+def print_refusal(findings: "list[Finding]") -> None:
+    """The errors the engine refuses, with their fixes."""
     console = render.err_console
-    for finding in report.errors:
+    for finding in findings:
         console.print(f"[bold red]x {finding.code}[/] {escape(finding.message)}", highlight=False, soft_wrap=True)
         console.print(f"  [dim]fix: {escape(finding.hint)}[/]", highlight=False, soft_wrap=True)
 
@@ -121,3 +116,26 @@ def print_refusal(report: "Report") -> None:
 def refusal_document(report: "Report") -> dict:
     return {"checkpoint": report.source, "refused": True,
             "findings": [f.to_dict() for f in report.findings]}
+
+
+def plan_settings(plan: Path | None, block_size: int | None) -> tuple[int | None, float | None]:
+    """The block size and survival threshold: a `dspark plan -o` file's, else --block-size's and none."""
+    if plan is None:
+        return block_size, None
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.measure.replay import read_plan_fields
+
+    fields = read_plan_fields(plan)
+    if block_size is not None and block_size != fields["num_speculative_tokens"]:
+        raise DsparkError(f"--block-size {block_size} contradicts the plan {plan} "
+                          f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
+    return fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
+
+
+def from_plan_worded(error: Exception, plan: Path | None) -> Exception:
+    """A block size the plan file set is the plan's num_speculative_tokens, not a --block-size the user gave."""
+    from dspark_cli.errors import DsparkError, SettingError
+
+    if plan is None or not (isinstance(error, SettingError) and error.setting == "block_size"):
+        return error
+    return DsparkError(f"{plan}: speculative_config.num_speculative_tokens {error.problem}", error.exit_code)

@@ -89,11 +89,12 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
 
 def check_draft(ckpt, target_config: dict):
     """validate's rules on a draft checkpoint against its target's config.json -> validate's Report; DsparkError
-    names the first error dspark itself cannot run (what only vLLM refuses is a warning here)."""
-    from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY, validate_checkpoint
+    names the first error dspark itself cannot run (what only a serving engine refuses is a warning here)."""
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
+    from dspark_cli.runtime.engines import ENGINE_ONLY_CODES
 
     report = validate_checkpoint(ckpt, target_config)
-    errors = [f for f in report.errors if f.code not in VLLM_ONLY]  # dspark runs what only vLLM cannot serve
+    errors = [f for f in report.errors if f.code not in ENGINE_ONLY_CODES]  # dspark runs what an engine refuses
     if errors:
         first = errors[0]
         more = f" ({len(errors) - 1} more problems)" if len(errors) > 1 else ""
@@ -104,11 +105,11 @@ def check_draft(ckpt, target_config: dict):
 
 
 def report_warnings(report) -> list[str]:
-    """validate's warnings, and the errors only vLLM refuses, one sentence each."""
-    from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY
+    """validate's warnings, and the errors only a serving engine refuses, one sentence each."""
+    from dspark_cli.runtime.engines import ENGINE_ONLY_CODES
 
-    vllm_only = [f for f in report.errors if f.code in VLLM_ONLY]
-    return [f"{f.code} {f.message}" for f in report.warnings + vllm_only]
+    engine_only = [f for f in report.errors if f.code in ENGINE_ONLY_CODES]
+    return [f"{f.code} {f.message}" for f in report.warnings + engine_only]
 
 
 def nvfp4_head(report) -> bool:

@@ -24,4 +24,3 @@ HEAD_TYPES: dict[str, tuple[HeadTensor, ...]] = {
         ("markov_head.joint_proj.bias", lambda H, r: (3 * r,), "[3*markov_rank]"),
     ),
 }
-VLLM_HEAD_TYPES = ("vanilla",)  # vLLM's DSparkMarkovHead has markov_w1 and markov_w2 only

@@ -1,30 +1,31 @@
 """Hand a checked target + draft pair to vLLM: the speculative config and the `vllm serve` argv.
 
-    plan = plan_serve(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))
+    plan = ENGINE.plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))   # engines.engine("vllm")
     plan.speculative_config   # {"method": "dspark", "model": "/abs/my-draft", "num_speculative_tokens": 7, ...}
     plan.argv                 # ["vllm", "serve", "Qwen/Qwen3-8B", "--speculative-config", "{...}"]
     exec_vllm(plan.argv)      # replaces this process (signals and the exit code belong to vLLM)
 
-Nothing here loads weights: the pair goes through validate's header-only rules first, and a draft with errors is
-refused (DraftRefused, exit code 1 like validate). Every key written is a field of vLLM's SpeculativeConfig; where
-each one comes from in vLLM's source is listed in docs/serve.md.
+Nothing here loads weights: the pair goes through validate's header-only rules first, and a draft with errors vLLM
+refuses is refused (DraftRefused, exit code 1 like validate). The block size and draft top-k are resolved by
+settings.py, as for `dspark generate`; only vLLM's own restrictions are checked here. Every key written is a
+field of vLLM's SpeculativeConfig; where each one comes from in vLLM's source is listed in docs/serve.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dspark_cli.errors import EXIT_FINDINGS, DsparkError
-from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
 from dspark_cli.runtime.checkpoint.target_files import check_target_files
+from dspark_cli.runtime.engines.seam import DraftRefused, Engine, ServePlan, ServeRequest
+from dspark_cli.runtime.settings import resolve_block_size, resolve_draft_topk, trained_block_size
 
 VLLM = "vllm"
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
@@ -32,62 +33,11 @@ INSTALL_HINT = ("vLLM is not installed here (no `vllm` on PATH): on a CUDA machi
                 "(a release with the 'dspark' speculative method), then run the command above.")
 OMNI_ARCHITECTURE = "Qwen3OmniDSparkModel"  # vLLM requires num_speculative_tokens == block_size for it
 RESERVED_VLLM_FLAGS = ("--speculative-config", "--speculative_config")
-
-
-class DraftRefused(DsparkError):
-    """validate found errors: vLLM would fail to load (or would mis-serve) this draft with this target."""
-
-    def __init__(self, report: Report, target: str):
-        count = len(report.errors)
-        super().__init__(
-            f"{report.source} is refused: validate found {count} error{'s' if count != 1 else ''} against "
-            f"{target}, so vLLM would fail to load or would mis-serve it; fix them (dspark validate "
-            f"{report.source} --target {target} lists every finding).",
-            EXIT_FINDINGS,
-        )
-        self.report = report
-
-
-@dataclass(frozen=True)
-class ServeRequest:
-    target: str  # target model: folder or hub id (vLLM loads all of it; dspark reads only its config.json)
-    draft: str  # draft checkpoint: folder or hub id
-    block_size: int | None = None  # draft tokens per round; None: what the draft was trained for
-    draft_topk: int | None = None  # Markov candidates per position; None: the draft config's dspark_draft_topk
-    draft_sample_method: str = "probabilistic"
-    port: int | None = None
-    vllm_args: tuple[str, ...] = ()  # passed to `vllm serve` unchanged, after dspark's own flags
-    confidence_threshold: float | None = None  # verify positions whose survival >= X (a `dspark plan` result)
-
-
-@dataclass
-class ServePlan:
-    target: str  # as vLLM gets it: an absolute path for a local folder, else the hub id
-    draft: str
-    speculative_config: dict[str, Any]
-    argv: list[str]
-    report: Report  # validate's report (no errors; warnings and info are the caller's to show)
-    trained_block_size: int | None
-    draft_quantization: str  # how the draft's weights are stored; vLLM reads it from the draft, not from here
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def command(self) -> str:
-        """The argv as one copy-pasteable POSIX shell line."""
-        return shlex.join(self.argv)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "draft": self.draft,
-            "speculative_config": self.speculative_config,
-            "argv": self.argv,
-            "command": self.command,
-            "trained_block_size": self.trained_block_size,
-            "draft_quantization": self.draft_quantization,
-            "notes": self.notes,
-            "findings": [f.to_dict() for f in self.report.findings],
-        }
+# Errors of validate's report about what vLLM cannot load although the draft is sound (dspark runs it):
+# DSP012 a non-vanilla Markov head: vLLM's DSparkMarkovHead (vllm/model_executor/models/qwen3_dspark.py, also used
+# by gemma4_dspark.py) has markov_w1 and markov_w2 only; DSP040-DSP042 Gemma-4 drafts without their own
+# embed_tokens / lm_head, with attention_k_eq_v false or a reduced vocabulary (gemma4_dspark.py's load rules).
+OWN_CODES = frozenset({"DSP012", "DSP040", "DSP041", "DSP042"})
 
 
 def plan_serve(request: ServeRequest) -> ServePlan:
@@ -98,8 +48,9 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     target_config = read_target_config(request.target)
     check_target_files(request.target, config=False)  # broken weight files: vLLM would fail on them too
     report = validate_checkpoint(ckpt, target_config)
-    if report.errors:
-        raise DraftRefused(report, request.target)
+    refused = ENGINE.refuses(report)
+    if refused:
+        raise DraftRefused(report, refused, request.target, ENGINE.label)
     config = DraftConfig.from_dict(ckpt.config)
     draft = _model_path(request.draft, "draft")
     spec, notes = speculative_config(config, draft, request)
@@ -108,9 +59,9 @@ def plan_serve(request: ServeRequest) -> ServePlan:
         target=target,
         draft=draft,
         speculative_config=spec,
-        argv=vllm_argv(target, spec, request.port, request.vllm_args),
+        argv=vllm_argv(target, spec, request.port, request.engine_args),
         report=report,
-        trained_block_size=draft_tokens_per_round(config),
+        trained_block_size=trained_block_size(config),
         draft_quantization=_quantization(report),
         notes=notes,
     )
@@ -147,7 +98,7 @@ def check_request(request: ServeRequest) -> None:
                           f"got {request.draft_sample_method!r}.")
     if request.port is not None and not 1 <= request.port <= 65535:
         raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
-    for arg in request.vllm_args:
+    for arg in request.engine_args:
         flag = arg.split("=", 1)[0]
         if sets_speculative_config(arg):
             raise DsparkError(f"the extra vLLM arguments contain {flag}, which sets vLLM's speculative config that "
@@ -173,20 +124,10 @@ def sets_speculative_config(arg: str) -> bool:
                                                  and RESERVED_VLLM_FLAGS[0].startswith(long_flag))
 
 
-def draft_tokens_per_round(config: DraftConfig) -> int | None:
-    """The most draft tokens per round the draft was trained for (= runtime.speculative.max_block_size): its
-    block_size query slots predict block_size tokens when the anchor's slot predicts (sample_from_anchor, vLLM's
-    dspark layout), one fewer in the DFlash layout where the anchor's slot predicts nothing."""
-    trained = config.block_size.value
-    if trained is None:
-        return None
-    return trained if config.sample_from_anchor else trained - 1
-
-
 def speculative_config(config: DraftConfig, model: str, request: ServeRequest) -> tuple[dict[str, Any], list[str]]:
     """The JSON object for `vllm serve --speculative-config`, and notes on what vLLM takes from the draft itself."""
     method = "dflash" if config.kind == "dflash" else "dspark"
-    tokens = _num_speculative_tokens(config, request.block_size, method)
+    tokens = _num_speculative_tokens(config, request.block_size)
     spec: dict[str, Any] = {
         "method": method,
         "model": model,
@@ -237,34 +178,24 @@ def exec_vllm(argv: list[str]) -> NoReturn:
                           "vLLM (pip install vllm) or fix PATH.") from None
 
 
-def _num_speculative_tokens(config: DraftConfig, requested: int | None, method: str) -> int:
-    trained = draft_tokens_per_round(config)
-    if requested is None:
-        if trained is None:
-            raise DsparkError("the draft's config.json has no block_size, so the number of draft tokens per round "
-                              "is unknown; pass the block size the draft was trained with.")
-        return trained
-    if requested < 1:
-        raise DsparkError(f"the block size must be at least 1, got {requested}.")
-    if trained is not None and requested > trained:
-        raise DsparkError(f"a block size of {requested} is more than the {trained} draft tokens per round the "
-                          f"draft was trained for ({method}); use {trained} or less.")
-    if config.architecture == OMNI_ARCHITECTURE and trained is not None and requested != trained:
+def _num_speculative_tokens(config: DraftConfig, requested: int | None) -> int:
+    """settings.py's block size (the trained one by default, never more), and vLLM's equality for Qwen3-Omni
+    drafts (vllm/config/speculative.py, SpeculativeConfig._validate_qwen3_omni_dspark)."""
+    tokens = resolve_block_size(config, requested)
+    trained = trained_block_size(config)
+    if config.architecture == OMNI_ARCHITECTURE and trained is not None and tokens != trained:
         raise DsparkError(f"vLLM serves {OMNI_ARCHITECTURE} drafts only with num_speculative_tokens equal to their "
                           f"block size {trained}; drop the block size or use {trained}.")
-    return requested
+    return tokens
 
 
 def _draft_topk(config: DraftConfig, requested: int | None, method: str) -> int | None:
-    topk = config.dspark_draft_topk if requested is None else requested
-    if topk is None:
-        return None
-    if method != "dspark" or not config.has_markov:
+    """settings.py's draft top-k (1 to the draft vocabulary); vLLM reads it only for a DSpark draft's Markov head
+    (vllm/config/speculative.py, SpeculativeConfig.__post_init__ requires a Qwen3DSparkModel-family draft)."""
+    topk = resolve_draft_topk(config, requested)
+    if topk is not None and (method != "dspark" or not config.has_markov):
         raise DsparkError("a draft top-k applies to the Markov head of a DSpark draft, and this draft has none; "
                           "drop the top-k.")
-    vd = config.draft_vocab_size
-    if vd is not None and not 1 <= topk <= vd:
-        raise DsparkError(f"the draft top-k must be between 1 and the draft vocabulary size {vd}, got {topk}.")
     return topk
 
 
@@ -285,3 +216,8 @@ def _model_path(source: str, role: str) -> str:
         raise DsparkError(f"the {role} {source} is a file; vLLM serves a model folder or a hub id, so pass the "
                           "folder that holds config.json and the weights.")
     return source
+
+
+ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commits listed in docs/serve.md "
+                "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
+                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve)

@@ -3,8 +3,9 @@
 The written checkpoint must hold every input file and every input tensor with its dtype and shape, except
 markov_w2, which becomes the three NVFP4 tensors (uint8 [Vd, r/2] codes, float8_e4m3fn [Vd, r/16] block scales,
 float32 [] global scale); every shard its index names must exist (open_checkpoint checks that); and validate's rules
-must report no error (other than those about what only vLLM cannot serve, e.g. DSP012 for a gated or RNN head,
-which dspark runs). A failure raises DsparkError; the caller's atomic_output_dir then removes the folder.
+must report no error (other than those only a serving engine refuses, engines.ENGINE_ONLY_CODES, e.g. DSP012 for a
+gated or RNN head that vLLM cannot load and dspark runs). A failure raises DsparkError; the caller's
+atomic_output_dir then removes the folder.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dspark_cli.runtime.checkpoint.layout import MARKOV_W2, NVFP4_GROUP
 
 def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:
     """Check the quantized checkpoint in `folder` against its input `ckpt`; raise DsparkError on the first problem."""
-    from dspark_cli.runtime.checkpoint.rules import VLLM_ONLY, validate_checkpoint
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
+    from dspark_cli.runtime.engines import ENGINE_ONLY_CODES
 
     try:
         written = open_checkpoint(folder)
@@ -31,7 +33,7 @@ def verify_quantized_output(ckpt: Checkpoint, folder: Path) -> None:
     missing_files = [name for name in ckpt.files if name not in written.files]
     if missing_files:
         _fail(f"{len(missing_files)} input file(s) are missing from it, first {missing_files[0]!r}")
-    errors = [error for error in validate_checkpoint(written).errors if error.code not in VLLM_ONLY]
+    errors = [error for error in validate_checkpoint(written).errors if error.code not in ENGINE_ONLY_CODES]
     if errors:
         first = errors[0]
         if first.code in {finding.code for finding in validate_checkpoint(ckpt).errors}:

@@ -22,7 +22,6 @@ from dspark_cli.runtime.checkpoint.rules.codes import (
     ERROR,
     INFO,
     READ_ERRORS,
-    VLLM_ONLY,
     WARNING,
     Finding,
     Report,
@@ -34,7 +33,7 @@ from dspark_cli.runtime.checkpoint.rules.context import RuleContext, build_conte
 from dspark_cli.runtime.checkpoint.rules.deep import tensor_values
 from dspark_cli.runtime.checkpoint.rules.resolved import resolve
 
-__all__ = ["CODES", "ERROR", "INFO", "READ_ERRORS", "VLLM_ONLY", "WARNING", "Finding", "Report", "SkippedCheck",
+__all__ = ["CODES", "ERROR", "INFO", "READ_ERRORS", "WARNING", "Finding", "Report", "SkippedCheck",
            "validate_checkpoint"]
 
 Rule = Callable[[RuleContext], Results]

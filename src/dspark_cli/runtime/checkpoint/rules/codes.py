@@ -107,9 +107,6 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP606": (ERROR, "NVFP4 weight_scale_2 not finite and positive"),
 }
 
-# Errors about what vLLM cannot serve although dspark runs it (generate, eval, bench report them as warnings).
-VLLM_ONLY = frozenset({"DSP012", "DSP040", "DSP041", "DSP042"})
-
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).
 READ_ERRORS: dict[str, str] = {
     "DSP500": "not a folder, config file or hub id",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dspark_cli.runtime.checkpoint.config import GEOMETRY_KEYS, MASK_TOKEN_KEYS
 from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 from dspark_cli.runtime.checkpoint.families import FAMILIES
-from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES, VLLM_HEAD_TYPES
+from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 from dspark_cli.runtime.checkpoint.rules.codes import Results
 from dspark_cli.runtime.checkpoint.rules.context import MAX_DRAFT_LAYERS, RuleContext, bad_geometry_keys, too_many_layers
 from dspark_cli.runtime.checkpoint.rules.values import as_dict, lookup, nonneg_int, positive_int
@@ -101,7 +101,7 @@ def dspark_keys(ctx: RuleContext) -> Results:
         what = "is missing" if rank is None else f"is {rank!r}"
         out.add("DSP011", f"config.json key 'markov_rank' {what}; vLLM reads it unconditionally and needs a "
                 "positive integer.", "Set markov_rank to the rank of markov_head.markov_w1/markov_w2 (e.g. 256).")
-    if config.markov_head_type is not None and config.markov_head_type not in VLLM_HEAD_TYPES:
+    if config.markov_head_type not in (None, "vanilla"):  # which engines refuse it: engines/ (own_codes)
         known = config.markov_head_type in HEAD_TYPES
         out.add("DSP012", f"markov_head_type is {config.markov_head_type!r}; vLLM implements only 'vanilla' "
                 "(first-order) Markov heads: its DSparkMarkovHead (vllm/model_executor/models/qwen3_dspark.py, also "
