@@ -84,7 +84,7 @@ class DraftRefused(DsparkError):
         super().__init__(
             f"{report.source} is refused: validate found {count} error{'s' if count != 1 else ''} against "
             f"{target}, so {label} would fail to load or would mis-serve it; fix them (dspark validate "
-            f"{report.source} --target {target} lists every finding).",
+            f"{report.source} the target option {target} lists every finding).",
             EXIT_FINDINGS,
         )
         self.report = report
