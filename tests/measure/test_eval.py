@@ -227,6 +227,30 @@ def test_resume_keeps_finished_prompts_and_runs_only_the_missing(tmp_path):
     assert conflict.exit_code == 2 and "--temperature" in conflict.output
 
 
+def test_resume_accepts_the_command_line_that_made_the_run(tmp_path):
+    """--resume with the original flags resumes, although the run stored resolved values (auto -> dense, cpu,
+    float32; a path with a trailing slash); a different flag is one sentence naming it."""
+    from dspark_cli.runtime.demo import demo_pair
+
+    target, draft = map(str, demo_pair())
+    run_file = tmp_path / "run.json"
+    original = ["--target", target + "/", "--draft", draft, "--data", str(ev.SHIPPED_SETS[0]), "--limit", "2",
+                "--max-new-tokens", "8", "--markov", "auto", "--device", "auto", "--dtype", "auto",
+                "--confidence-rule", "survival", "--top-p", "1.0"]
+    assert eval_cli(*original, "--json", str(run_file)).exit_code == 0
+    doc = json.loads(run_file.read_text())
+    assert (doc["settings"]["markov"], doc["settings"]["dtype"]) == ("dense", "float32")  # resolved
+    assert doc["settings"]["requested"]["markov"] == "auto"  # as asked
+    doc["results"] = doc["results"][:1]
+    run_file.write_text(json.dumps(doc))
+    same = eval_cli(*[a.rstrip("/") if a == target + "/" else a for a in original], "--resume", str(run_file))
+    assert same.exit_code == 0, same.output
+    assert len(json.loads(run_file.read_text())["results"]) == 2
+    for flag, value in (("--markov", "dense"), ("--block-size", "3"), ("--top-k", "5"), ("--dtype", "float32")):
+        changed = eval_cli(*original, flag, value, "--resume", str(run_file))
+        assert changed.exit_code == 2 and f"was run with {flag} " in changed.output, (flag, changed.output)
+
+
 def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
     run_file = tmp_path / "run.json"
     calls = []
