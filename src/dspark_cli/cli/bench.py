@@ -36,7 +36,7 @@ def _bench() -> None:
 @bench_app.command("markov")
 @handle_errors
 def markov(
-    draft: str = typer.Option(None, "--draft", help="Draft checkpoint (folder or hub id): use its Markov head."),
+    draft: options.draft("Draft checkpoint (folder or hub id): use its Markov head.") = None,
     vocab: int = typer.Option(None, "--vocab", min=1,
                               help=f"Random weights: target vocabulary V (default {DEFAULT_VOCAB})."),
     draft_vocab: int = typer.Option(None, "--draft-vocab", min=1, help="Random weights: draft vocabulary Vd; Vd < V "
@@ -259,10 +259,9 @@ def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...
 @bench_app.command("verify")
 @handle_errors
 def verify(
-    target: str = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id (default: the "
-                               "demo pair's)."),
-    draft: str = typer.Option(None, "--draft", "-d", help="Its DSpark draft: capture the hidden states the draft "
-                              "reads, as a round does (default: the demo draft with the demo target, else one layer)."),
+    target: options.target("Target causal LM: folder or hub id (default: the demo pair's).") = None,
+    draft: options.draft("Its DSpark draft: capture the hidden states the draft reads, as a round does (default: the "
+                         "demo draft with the demo target, else one layer).") = None,
     tokens: int = typer.Option(8, "--tokens", min=1, help="Time passes over t = 1..TOKENS tokens (block size + 1 "
                                "covers every verify length)."),
     context: int = typer.Option(512, "--context", min=1, help="Cached positions before the scored tokens."),

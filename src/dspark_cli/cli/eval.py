@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
 @render.handle_errors
 def eval_command(
     ctx: typer.Context,
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
-    draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
+    target: options.target() = None,
+    draft: options.draft() = None,
     data: Optional[list[Path]] = typer.Option(None, "--data", help="Prompt set: .jsonl ('turns' list, first turn; "
                                               "or 'prompt') or .txt (paragraphs, else lines). Repeat for more."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N prompts per set (DeepSpec's "
@@ -44,17 +44,14 @@ def eval_command(
                                         "(default: when the tokenizer has one)."),
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="enable_thinking for the chat template "
                                   "(DeepSpec's evaluator: off)."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off); applied to target and draft."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0 = off); applied to target and draft."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: trained)."),
-    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position (default: "
-                                             "the config's dspark_draft_topk, else the dense Markov stage)."),
-    markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused."),
-    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only "
-                                                         "a prefix chosen by the confidence head (--confidence-rule)."),
-    confidence_rule: str = typer.Option("survival", "--confidence-rule", help="survival: keep positions while "
-                                        "prod(c_i) >= X (vLLM); per-slot: cut at the first c_j < X (DeepSpec)."),
+    temperature: options.temperature() = 0.0,
+    top_p: options.top_p() = 1.0,
+    top_k: options.top_k() = 0,
+    block_size: options.block_size() = None,
+    draft_topk: options.draft_topk() = None,
+    markov: options.markov() = "auto",
+    confidence_threshold: options.confidence_threshold() = None,
+    confidence_rule: options.confidence_rule() = "survival",
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly: tokens/s and speedup."),
     seed: options.seed("Prompt i of a set draws with seed + i (DeepSpec); the seed itself") = 0,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Tokens per prompt."),
@@ -67,9 +64,7 @@ def eval_command(
                                            "with its 95% interval, and whether it is significant."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
                                           "kept, only missing ones run (saved back to it unless --json)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
-                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
-                                               "rule and the calibration scores; the output is unchanged."),
+    calibration: options.calibration() = None,
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
                                        "the others (a prompt on each rank) before the run fails."),
 ) -> None:

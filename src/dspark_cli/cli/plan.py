@@ -31,8 +31,8 @@ def plan(
                                       "the same prompts add a measured row for that size."),
     costs: Optional[Path] = typer.Option(None, "--costs", metavar="COSTS.json", help="Milliseconds of a target "
                                          "pass over t tokens, t = 1..N+1 (`dspark bench verify --json`)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="Also replay the "
-                                               "thresholds on STS-calibrated confidences (`dspark calibrate`)."),
+    calibration: options.calibration("Also replay the thresholds on STS-calibrated confidences (`dspark "
+                                     "calibrate`).") = None,
     out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the plan (for `dspark "
                                        "serve --from-plan`)."),
     force: options.force("Replace FILE if it exists.") = False,

@@ -49,13 +49,13 @@ def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 @render.handle_errors
 def train(
-    target: str = typer.Option(..., "--target", help="Target causal LM: a Hugging Face folder or hub id."),
+    target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
     data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
     layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers (default: 1; on "
                                          "--resume: the checkpoint's)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Tokens proposed per round (the "
-                                             "anchor's slot included) (default: 7; on --resume: the checkpoint's)."),
+    block_size: opts.block_size("Tokens proposed per round (the anchor's slot included) (default: 7; on --resume: "
+                                "the checkpoint's).", min=1) = None,
     target_layers: Optional[str] = typer.Option(None, "--target-layers",
                                                 help="Target layer ids feeding the draft, e.g. 1,9,17 "
                                                 "(default: evenly spaced like DeepSpec)."),
