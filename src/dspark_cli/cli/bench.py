@@ -273,13 +273,10 @@ def verify(
     json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
 ) -> None:
     """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
-    from dspark_cli.runtime.bench.verify import time_verify
-    from dspark_cli.runtime.checkpoint.config import DraftConfig
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
-    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.bench.verify import verify_costs
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype
-    from dspark_cli.runtime.model.target import TargetModel
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
     if target is None:
         if draft is not None:
@@ -291,14 +288,10 @@ def verify(
         torch_dtype = resolve_dtype(dtype, torch_device)
     except ValueError as error:
         raise DsparkError(f"--dtype {error}.") from None
-    indices = [1]
-    if draft is not None:
-        indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices
     cuda = torch_device.type == "cuda"
     with err_console.status("loading the target, then timing"):
-        model = TargetModel.load(target, indices, dtype=torch_dtype, device=torch_device)
-        costs = time_verify(model, target, context, tokens, reps or (50 if cuda else 10),
-                            (5 if cuda else 2) if warmup is None else warmup)
+        costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps or (50 if cuda else 10),
+                             (5 if cuda else 2) if warmup is None else warmup)
     out = err_console if options.to_stdout(json_out) else console
     table = Table(title=Text(f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"),
                   title_justify="left", box=box.SIMPLE_HEAD)
