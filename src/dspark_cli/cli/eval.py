@@ -9,10 +9,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import options, render
+from dspark_cli.cli import eval_report, options, render
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
@@ -68,29 +67,16 @@ def eval_command(
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
                                        "the others (a prompt on each rank) before the run fails."),
 ) -> None:
-    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+    from dspark_cli.errors import DsparkError
     from dspark_cli.runtime import distributed
 
     if not dist_timeout > 0:
         raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = distributed.context_from_env()
-    if not dist.is_main:
-        render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
-    distributed.start(dist, options.torch_device(device), dist_timeout)
-    try:
+    with distributed.on_ranks(dist, options.torch_device(device), dist_timeout, render.quiet) as backend:
+        if backend is not None:
+            render.console.print(Text(f"eval on {dist.world_size} processes (torchrun)", style="dim"))
         _evaluate(ctx, dist)
-    except distributed.PeerFailed as error:
-        if dist.is_main:
-            raise
-        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
-    except (KeyboardInterrupt, Terminated) as stop:
-        if not dist.is_main:
-            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
-        raise
-    except distributed.torch_distributed_error() as error:
-        raise distributed.lost_contact(dist, error) from error
-    finally:
-        distributed.stop(dist)
 
 
 def _evaluate(ctx, dist) -> None:
@@ -212,13 +198,11 @@ def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Co
     statistics = {name: stats for name, stats in rows}
     if old is not None:
         statistics["compare"] = _compare(run, old, sets)
-    print_report(out, settings, rows)
+    eval_report.print_report(out, settings, rows)
     if old is not None:
-        print_compare(out, statistics["compare"], compare)
         differing = [f"{k} {settings.get(k)!r} vs {old.settings.get(k)!r}" for k in RUN_KEYS
                      if k not in ("baseline", "limit", "device") and settings.get(k) != old.settings.get(k)]
-        if differing:
-            out.print(Text("the two runs differ in: " + "; ".join(differing), style="yellow"))
+        eval_report.print_compare(out, statistics["compare"], compare, differing)
     if json_path is not None:
         run.save(json_path, statistics)
     if markdown_path is not None:
@@ -373,85 +357,3 @@ def _compare(run, old, sets) -> dict:
     before = [r for s in old.sets for r in old.results_of(s)]
     comparison["all"] = ev.compare_tau(everything, before)
     return comparison
-
-
-# --- report ---------------------------------------------------------------------------------------------------------
-
-
-def _n(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> None:
-    s = settings
-    cut = ""
-    if s["confidence_threshold"] is not None:
-        cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
-    kind = f"{s['draft_kind']}, " if s.get("draft_kind") else ""
-    if s["calibration"] is not None:
-        cut += f", STS {s['calibration']['path']}"
-    out.print(Text("\ndspark eval", style="bold") + Text(
-        f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
-        f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
-    out.print(_main_table(rows))
-    out.print(_positions_table(rows, s["block_size"]))
-    if any(stats["summary"]["calibration"] for _, stats in rows):
-        out.print(_calibration_table(rows))
-
-
-def _main_table(rows) -> Table:
-    table = Table(title="τ per prompt set (docs/eval.md)", title_justify="left", padding=(0, 1))
-    for column in ("dataset", "prompts", "rounds", "τ", "95% CI", "τ ≤ limit", "verify", "tok/s", "speedup"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
-    for name, stats in rows:
-        summary = stats["summary"]
-        low, high = stats["tau_ci"]
-        base = summary["baseline"]
-        table.add_row(name, str(stats["prompts"]), str(summary["rounds"]), _n(stats["tau"]), f"[{_n(low)}, {_n(high)}]",
-                      _n(stats["tau_within_limit"]), _n(stats["verify_rate"], 3), _n(summary["tokens_per_s"], 1),
-                      f"{_n(base['speedup'])}×" if base and base["speedup"] else "-")
-    return table
-
-
-def _positions_table(rows, block: int) -> Table:
-    """Per position j: DeepSpec's accept_rate@j / the conditional rate; then the accepted-count histogram."""
-    table = Table(title="per position j: accept_rate@j / conditional@j; histogram: rounds accepting a drafts",
-                  title_justify="left", padding=(0, 1))
-    table.add_column("j or a", justify="right")
-    for name, _ in rows:
-        table.add_column(name, justify="right")
-    for j in range(block):
-        table.add_row(f"j={j}", *(f"{_n(st['summary']['accept_rate'][j])} / "
-                                  f"{_n(st['summary']['acceptance_conditional'][j])}" for _, st in rows))
-    for a in range(block + 1):
-        table.add_row(f"a={a}", *(str(st["summary"]["accepted_histogram"][a]) for _, st in rows),
-                      end_section=a == block)
-    return table
-
-
-def _calibration_table(rows) -> Table:
-    table = Table(title="calibration of Π c_i: per-position mean (DeepSpec) and pooled (docs/metrics.md)",
-                  title_justify="left", padding=(0, 1))
-    for column in ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
-    for name, stats in rows:
-        calibration = stats["summary"]["calibration"]
-        if calibration is None:
-            continue
-        pooled, mean = calibration["survival"], stats["calibration_per_position_mean"]
-        table.add_row(name, str(pooled["count"]), _n(mean["ece"], 3), _n(mean["auroc"], 3), _n(mean["brier"], 3),
-                      _n(pooled["ece"], 3), _n(pooled["auroc"], 3), _n(pooled["brier"], 3))
-    return table
-
-
-def print_compare(out: Console, comparison: dict, path: Path) -> None:
-    table = Table(title=f"τ difference: this run − {path.name} (95% bootstrap interval)", title_justify="left",
-                  padding=(0, 1))
-    for column in ("dataset", "Δτ", "95% CI", "pairing", "verdict"):
-        table.add_column(column, justify="left" if column in ("dataset", "verdict", "pairing") else "right")
-    for name, c in comparison.items():
-        low, high = c["ci"]
-        verdict = "-" if c["significant"] is None else ("significant" if c["significant"] else "not significant")
-        table.add_row(name, _n(c["difference"], 3), f"[{_n(low, 3)}, {_n(high, 3)}]",
-                      "paired by prompt" if c["paired"] else "unpaired", verdict)
-    out.print(table)
