@@ -23,7 +23,6 @@ shipped prompt sets, offline. --json saves the run as prompts finish; --resume c
 RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
             "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit", "draft_topk",
             "top_p", "top_k")
-RESOLVED_KEYS = ("block_size", "markov")  # a resumed run must resolve them as the run did
 
 
 def register(app: typer.Typer) -> None:
@@ -97,6 +96,7 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.measure import evaluation as ev
+    from dspark_cli.runtime.measure.session import open_session
 
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
     json_path = o.json_path
@@ -129,7 +129,8 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
-    session = _load(settings, sets, out, dist, resumed=o.resume is not None)
+    session = open_session(settings, sets, dist, warn=lambda warnings: _warn(out, warnings), loading=out.status,
+                           resumed=o.resume is not None)
     run.settings = settings
     return run, sets, settings, session, json_path, old
 
@@ -266,15 +267,13 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
     """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
     ones): the original flags resume, a different one is named."""
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.measure.session import REQUEST_DEFAULTS
 
     for key in RUN_KEYS:
-        if key in given and not _same_request(key, given[key], stored.get(key, _DEFAULTS.get(key))):
+        if key in given and not _same_request(key, given[key], stored.get(key, REQUEST_DEFAULTS.get(key))):
             flag = "--" + key.replace("_", "-")
             raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
                               "resume with the stored settings, or start a new run.")
-
-
-_DEFAULTS = {"draft_topk": None, "top_p": 1.0, "top_k": 0}  # the flags runs before --draft-topk/--top-p/--top-k had
 
 
 def _same_request(key: str, given, stored) -> bool:
@@ -282,61 +281,6 @@ def _same_request(key: str, given, stored) -> bool:
     if key in ("target", "draft") and isinstance(given, str) and isinstance(stored, str):
         return given == stored or Path(given) == Path(stored)
     return given == stored
-
-
-def _load(settings: dict, sets: list, out: Console, dist, resumed: bool):
-    """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
-    session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
-    and chat into `settings`."""
-    from dspark_cli.runtime.measure import evaluation as ev
-    from dspark_cli.runtime.pair import Pair
-
-    s = settings
-    asked = {**_DEFAULTS, **s.get("requested", s)}  # what the run asked for, resolved again here
-    device = str(dist.device(options.torch_device(asked["device"])))  # under torchrun on CUDA: this rank's GPU
-    calibration = s["calibration"]
-    checked = Pair.check(s["target"], s["draft"], device=device, dtype=asked["dtype"],
-                         temperatures=None if calibration is None else calibration["temperatures"],
-                         block_size=asked["block_size"], draft_topk=asked["draft_topk"], markov=asked["markov"],
-                         temperature=s["temperature"], top_p=asked["top_p"], top_k=asked["top_k"],
-                         confidence_threshold=s["confidence_threshold"], confidence_rule=s["confidence_rule"],
-                         length_rule="deepspec")
-    if resumed:
-        _check_resolved(s, checked.settings)
-    _warn(out, checked.warnings)
-    use_chat = checked.chat(s["chat"])
-    encoded = ev.encode_sets(checked, sets, use_chat, s["thinking"], s["max_new_tokens"])
-    with out.status("loading the target and the draft"):
-        pair = checked.load(progress=False)
-    _warn(out, pair.warnings[len(checked.warnings) :])
-    resolved = pair.settings
-    s.update(block_size=resolved.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
-             markov=resolved.markov, draft_topk=resolved.draft_topk, chat=use_chat, draft_kind=pair.draft_kind)
-    lengths = {"max_new_tokens": s["max_new_tokens"]}
-    warm = [True]
-
-    def session(set_name: str, index: int, text: str):
-        ids = encoded[set_name, index]
-        if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths)
-            warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **lengths)
-        reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
-        return ev.prompt_result(set_name, index, text, result, reference)
-
-    return session
-
-
-def _check_resolved(stored: dict, resolved) -> None:
-    """A resumed run (its settings already resolved once) must resolve to the same block size and Markov
-    strategy: its finished prompts were produced with them."""
-    from dspark_cli.errors import DsparkError
-
-    now = {"block_size": resolved.block_size, "markov": resolved.markov}
-    for key in RESOLVED_KEYS:
-        if stored[key] != now[key]:
-            raise DsparkError(f"the run resolved {key.replace('_', ' ')} to {stored[key]!r} and this pair now "
-                              f"resolves it to {now[key]!r} (a changed draft or device); start a new run.")
 
 
 def _warn(out: Console, warnings: list[str]) -> None:
