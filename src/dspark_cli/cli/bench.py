@@ -36,7 +36,7 @@ def _bench() -> None:
 @bench_app.command("markov")
 @handle_errors
 def markov(
-    draft: str = typer.Option(None, "--draft", help="Draft checkpoint (folder or hub id): use its Markov head."),
+    draft: options.draft("Draft checkpoint (folder or hub id): use its Markov head.") = None,
     vocab: int = typer.Option(None, "--vocab", min=1,
                               help=f"Random weights: target vocabulary V (default {DEFAULT_VOCAB})."),
     draft_vocab: int = typer.Option(None, "--draft-vocab", min=1, help="Random weights: draft vocabulary Vd; Vd < V "
@@ -259,10 +259,9 @@ def _choices(text: str, option: str, allowed: tuple[str, ...]) -> tuple[str, ...
 @bench_app.command("verify")
 @handle_errors
 def verify(
-    target: str = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id (default: the "
-                               "demo pair's)."),
-    draft: str = typer.Option(None, "--draft", "-d", help="Its DSpark draft: capture the hidden states the draft "
-                              "reads, as a round does (default: the demo draft with the demo target, else one layer)."),
+    target: options.target("Target causal LM: folder or hub id (default: the demo pair's).") = None,
+    draft: options.draft("Its DSpark draft: capture the hidden states the draft reads, as a round does (default: the "
+                         "demo draft with the demo target, else one layer).") = None,
     tokens: int = typer.Option(8, "--tokens", min=1, help="Time passes over t = 1..TOKENS tokens (block size + 1 "
                                "covers every verify length)."),
     context: int = typer.Option(512, "--context", min=1, help="Cached positions before the scored tokens."),
@@ -274,13 +273,10 @@ def verify(
     json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
 ) -> None:
     """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
-    from dspark_cli.runtime.bench.verify import time_verify
-    from dspark_cli.runtime.checkpoint.config import DraftConfig
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
-    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.bench.verify import verify_costs
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype
-    from dspark_cli.runtime.model.target import TargetModel
+    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
     if target is None:
         if draft is not None:
@@ -292,14 +288,10 @@ def verify(
         torch_dtype = resolve_dtype(dtype, torch_device)
     except ValueError as error:
         raise DsparkError(f"--dtype {error}.") from None
-    indices = [1]
-    if draft is not None:
-        indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices
     cuda = torch_device.type == "cuda"
     with err_console.status("loading the target, then timing"):
-        model = TargetModel.load(target, indices, dtype=torch_dtype, device=torch_device)
-        costs = time_verify(model, target, context, tokens, reps or (50 if cuda else 10),
-                            (5 if cuda else 2) if warmup is None else warmup)
+        costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps or (50 if cuda else 10),
+                             (5 if cuda else 2) if warmup is None else warmup)
     out = err_console if options.to_stdout(json_out) else console
     table = Table(title=Text(f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"),
                   title_justify="left", box=box.SIMPLE_HEAD)

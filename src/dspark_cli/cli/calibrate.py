@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import options, render
+from dspark_cli.cli import calibrate_report, options, render
 
 HELP = """Fit the confidence head's Sequential Temperature Scaling (one temperature per draft position, fitted left to
 right so that the survival prod c_i is calibrated) on `dspark eval --json` run files, score it on held-out prompts
@@ -50,28 +49,8 @@ def calibrate(
     if json_path is not None:
         render.emit_json(document, json_path)
     console = render.err_console if options.to_stdout(json_path) else render.console
-    console.print(_table(result))
+    console.print(calibrate_report.table(result))
     for note in result.notes:
         console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
     console.print(Text.assemble("written to ", (str(out), "bold"), " (SGLang: --speculative-dspark-confidence-sts-path; "
                                 "TensorRT-LLM: confidence_sts_path; dspark: --calibration)"))
-
-
-def _n(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _table(result) -> Table:
-    table = Table(title=f"STS on {result.fit_prompts} prompts ({result.fit_rounds} rounds); scores of the survival "
-                        f"on {result.heldout_prompts} held-out prompts, before → after", title_justify="left",
-                  padding=(0, 1))
-    for column in ("j", "T_j", "pairs", "ECE", "ECE floor", "AUROC", "Brier"):
-        table.add_column(column, justify="right")
-    rows = zip(result.temperatures, result.before, result.after, result.floor, strict=True)
-    for j, (t, before, after, floor) in enumerate(rows):
-        table.add_row(str(j), f"{t:.3f}", str(after.count), f"{_n(before.ece)} → {_n(after.ece)}", _n(floor),
-                      f"{_n(before.auroc)} → {_n(after.auroc)}", f"{_n(before.brier)} → {_n(after.brier)}")
-    table.caption = ("ECE floor: the ECE a perfectly calibrated head would show on these held-out pairs "
-                     "(finite samples); an ECE near it is as calibrated as the pairs can tell.")
-    table.caption_justify = "left"
-    return table

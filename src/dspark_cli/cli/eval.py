@@ -9,10 +9,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import options, render
+from dspark_cli.cli import eval_report, options, render
 
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
@@ -24,7 +23,6 @@ shipped prompt sets, offline. --json saves the run as prompts finish; --resume c
 RUN_KEYS = ("target", "draft", "device", "dtype", "block_size", "markov", "temperature", "confidence_threshold",
             "confidence_rule", "max_new_tokens", "seed", "chat", "thinking", "baseline", "limit", "draft_topk",
             "top_p", "top_k")
-RESOLVED_KEYS = ("block_size", "markov")  # a resumed run must resolve them as the run did
 
 
 def register(app: typer.Typer) -> None:
@@ -34,8 +32,8 @@ def register(app: typer.Typer) -> None:
 @render.handle_errors
 def eval_command(
     ctx: typer.Context,
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
-    draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
+    target: options.target() = None,
+    draft: options.draft() = None,
     data: Optional[list[Path]] = typer.Option(None, "--data", help="Prompt set: .jsonl ('turns' list, first turn; "
                                               "or 'prompt') or .txt (paragraphs, else lines). Repeat for more."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N prompts per set (DeepSpec's "
@@ -44,17 +42,14 @@ def eval_command(
                                         "(default: when the tokenizer has one)."),
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="enable_thinking for the chat template "
                                   "(DeepSpec's evaluator: off)."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off); applied to target and draft."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0 = off); applied to target and draft."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: trained)."),
-    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position (default: "
-                                             "the config's dspark_draft_topk, else the dense Markov stage)."),
-    markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused."),
-    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only "
-                                                         "a prefix chosen by the confidence head (--confidence-rule)."),
-    confidence_rule: str = typer.Option("survival", "--confidence-rule", help="survival: keep positions while "
-                                        "prod(c_i) >= X (vLLM); per-slot: cut at the first c_j < X (DeepSpec)."),
+    temperature: options.temperature() = 0.0,
+    top_p: options.top_p() = 1.0,
+    top_k: options.top_k() = 0,
+    block_size: options.block_size() = None,
+    draft_topk: options.draft_topk() = None,
+    markov: options.markov() = "auto",
+    confidence_threshold: options.confidence_threshold() = None,
+    confidence_rule: options.confidence_rule() = "survival",
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly: tokens/s and speedup."),
     seed: options.seed("Prompt i of a set draws with seed + i (DeepSpec); the seed itself") = 0,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Tokens per prompt."),
@@ -67,35 +62,20 @@ def eval_command(
                                            "with its 95% interval, and whether it is significant."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
                                           "kept, only missing ones run (saved back to it unless --json)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
-                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
-                                               "rule and the calibration scores; the output is unchanged."),
+    calibration: options.calibration() = None,
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
                                        "the others (a prompt on each rank) before the run fails."),
 ) -> None:
-    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+    from dspark_cli.errors import DsparkError
     from dspark_cli.runtime import distributed
 
     if not dist_timeout > 0:
         raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = distributed.context_from_env()
-    if not dist.is_main:
-        render.console.quiet = True  # rank 0 alone prints progress and the table, and writes the files
-    distributed.start(dist, options.torch_device(device), dist_timeout)
-    try:
+    with distributed.on_ranks(dist, options.torch_device(device), dist_timeout, render.quiet) as backend:
+        if backend is not None:
+            render.console.print(Text(f"eval on {dist.world_size} processes (torchrun)", style="dim"))
         _evaluate(ctx, dist)
-    except distributed.PeerFailed as error:
-        if dist.is_main:
-            raise
-        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
-    except (KeyboardInterrupt, Terminated) as stop:
-        if not dist.is_main:
-            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
-        raise
-    except distributed.torch_distributed_error() as error:
-        raise distributed.lost_contact(dist, error) from error
-    finally:
-        distributed.stop(dist)
 
 
 def _evaluate(ctx, dist) -> None:
@@ -116,6 +96,7 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.measure import evaluation as ev
+    from dspark_cli.runtime.measure.session import open_session
 
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
     json_path = o.json_path
@@ -148,7 +129,8 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
     _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
-    session = _load(settings, sets, out, dist, resumed=o.resume is not None)
+    session = open_session(settings, sets, dist, warn=lambda warnings: _warn(out, warnings), loading=out.status,
+                           resumed=o.resume is not None)
     run.settings = settings
     return run, sets, settings, session, json_path, old
 
@@ -217,13 +199,11 @@ def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Co
     statistics = {name: stats for name, stats in rows}
     if old is not None:
         statistics["compare"] = _compare(run, old, sets)
-    print_report(out, settings, rows)
+    eval_report.print_report(out, settings, rows)
     if old is not None:
-        print_compare(out, statistics["compare"], compare)
         differing = [f"{k} {settings.get(k)!r} vs {old.settings.get(k)!r}" for k in RUN_KEYS
                      if k not in ("baseline", "limit", "device") and settings.get(k) != old.settings.get(k)]
-        if differing:
-            out.print(Text("the two runs differ in: " + "; ".join(differing), style="yellow"))
+        eval_report.print_compare(out, statistics["compare"], compare, differing)
     if json_path is not None:
         run.save(json_path, statistics)
     if markdown_path is not None:
@@ -287,15 +267,13 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
     """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
     ones): the original flags resume, a different one is named."""
     from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.measure.session import REQUEST_DEFAULTS
 
     for key in RUN_KEYS:
-        if key in given and not _same_request(key, given[key], stored.get(key, _DEFAULTS.get(key))):
+        if key in given and not _same_request(key, given[key], stored.get(key, REQUEST_DEFAULTS.get(key))):
             flag = "--" + key.replace("_", "-")
             raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
                               "resume with the stored settings, or start a new run.")
-
-
-_DEFAULTS = {"draft_topk": None, "top_p": 1.0, "top_k": 0}  # the flags runs before --draft-topk/--top-p/--top-k had
 
 
 def _same_request(key: str, given, stored) -> bool:
@@ -303,61 +281,6 @@ def _same_request(key: str, given, stored) -> bool:
     if key in ("target", "draft") and isinstance(given, str) and isinstance(stored, str):
         return given == stored or Path(given) == Path(stored)
     return given == stored
-
-
-def _load(settings: dict, sets: list, out: Console, dist, resumed: bool):
-    """Check the pair, encode every prompt (checked against the target's context), load the pair, and return
-    session(set_name, index, prompt) -> PromptResult. Fills the resolved block size, device, dtype, Markov strategy
-    and chat into `settings`."""
-    from dspark_cli.runtime.measure import evaluation as ev
-    from dspark_cli.runtime.pair import Pair
-
-    s = settings
-    asked = {**_DEFAULTS, **s.get("requested", s)}  # what the run asked for, resolved again here
-    device = str(dist.device(options.torch_device(asked["device"])))  # under torchrun on CUDA: this rank's GPU
-    calibration = s["calibration"]
-    checked = Pair.check(s["target"], s["draft"], device=device, dtype=asked["dtype"],
-                         temperatures=None if calibration is None else calibration["temperatures"],
-                         block_size=asked["block_size"], draft_topk=asked["draft_topk"], markov=asked["markov"],
-                         temperature=s["temperature"], top_p=asked["top_p"], top_k=asked["top_k"],
-                         confidence_threshold=s["confidence_threshold"], confidence_rule=s["confidence_rule"],
-                         length_rule="deepspec")
-    if resumed:
-        _check_resolved(s, checked.settings)
-    _warn(out, checked.warnings)
-    use_chat = checked.chat(s["chat"])
-    encoded = ev.encode_sets(checked, sets, use_chat, s["thinking"], s["max_new_tokens"])
-    with out.status("loading the target and the draft"):
-        pair = checked.load(progress=False)
-    _warn(out, pair.warnings[len(checked.warnings) :])
-    resolved = pair.settings
-    s.update(block_size=resolved.block_size, device=str(pair.device), dtype=str(checked.dtype).removeprefix("torch."),
-             markov=resolved.markov, draft_topk=resolved.draft_topk, chat=use_chat, draft_kind=pair.draft_kind)
-    lengths = {"max_new_tokens": s["max_new_tokens"]}
-    warm = [True]
-
-    def session(set_name: str, index: int, text: str):
-        ids = encoded[set_name, index]
-        if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
-            pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths)
-            warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **lengths)
-        reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
-        return ev.prompt_result(set_name, index, text, result, reference)
-
-    return session
-
-
-def _check_resolved(stored: dict, resolved) -> None:
-    """A resumed run (its settings already resolved once) must resolve to the same block size and Markov
-    strategy: its finished prompts were produced with them."""
-    from dspark_cli.errors import DsparkError
-
-    now = {"block_size": resolved.block_size, "markov": resolved.markov}
-    for key in RESOLVED_KEYS:
-        if stored[key] != now[key]:
-            raise DsparkError(f"the run resolved {key.replace('_', ' ')} to {stored[key]!r} and this pair now "
-                              f"resolves it to {now[key]!r} (a changed draft or device); start a new run.")
 
 
 def _warn(out: Console, warnings: list[str]) -> None:
@@ -378,85 +301,3 @@ def _compare(run, old, sets) -> dict:
     before = [r for s in old.sets for r in old.results_of(s)]
     comparison["all"] = ev.compare_tau(everything, before)
     return comparison
-
-
-# --- report ---------------------------------------------------------------------------------------------------------
-
-
-def _n(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> None:
-    s = settings
-    cut = ""
-    if s["confidence_threshold"] is not None:
-        cut = f", confidence {s['confidence_rule']} >= {s['confidence_threshold']}"
-    kind = f"{s['draft_kind']}, " if s.get("draft_kind") else ""
-    if s["calibration"] is not None:
-        cut += f", STS {s['calibration']['path']}"
-    out.print(Text("\ndspark eval", style="bold") + Text(
-        f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
-        f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
-    out.print(_main_table(rows))
-    out.print(_positions_table(rows, s["block_size"]))
-    if any(stats["summary"]["calibration"] for _, stats in rows):
-        out.print(_calibration_table(rows))
-
-
-def _main_table(rows) -> Table:
-    table = Table(title="τ per prompt set (docs/eval.md)", title_justify="left", padding=(0, 1))
-    for column in ("dataset", "prompts", "rounds", "τ", "95% CI", "τ ≤ limit", "verify", "tok/s", "speedup"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
-    for name, stats in rows:
-        summary = stats["summary"]
-        low, high = stats["tau_ci"]
-        base = summary["baseline"]
-        table.add_row(name, str(stats["prompts"]), str(summary["rounds"]), _n(stats["tau"]), f"[{_n(low)}, {_n(high)}]",
-                      _n(stats["tau_within_limit"]), _n(stats["verify_rate"], 3), _n(summary["tokens_per_s"], 1),
-                      f"{_n(base['speedup'])}×" if base and base["speedup"] else "-")
-    return table
-
-
-def _positions_table(rows, block: int) -> Table:
-    """Per position j: DeepSpec's accept_rate@j / the conditional rate; then the accepted-count histogram."""
-    table = Table(title="per position j: accept_rate@j / conditional@j; histogram: rounds accepting a drafts",
-                  title_justify="left", padding=(0, 1))
-    table.add_column("j or a", justify="right")
-    for name, _ in rows:
-        table.add_column(name, justify="right")
-    for j in range(block):
-        table.add_row(f"j={j}", *(f"{_n(st['summary']['accept_rate'][j])} / "
-                                  f"{_n(st['summary']['acceptance_conditional'][j])}" for _, st in rows))
-    for a in range(block + 1):
-        table.add_row(f"a={a}", *(str(st["summary"]["accepted_histogram"][a]) for _, st in rows),
-                      end_section=a == block)
-    return table
-
-
-def _calibration_table(rows) -> Table:
-    table = Table(title="calibration of Π c_i: per-position mean (DeepSpec) and pooled (docs/metrics.md)",
-                  title_justify="left", padding=(0, 1))
-    for column in ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
-    for name, stats in rows:
-        calibration = stats["summary"]["calibration"]
-        if calibration is None:
-            continue
-        pooled, mean = calibration["survival"], stats["calibration_per_position_mean"]
-        table.add_row(name, str(pooled["count"]), _n(mean["ece"], 3), _n(mean["auroc"], 3), _n(mean["brier"], 3),
-                      _n(pooled["ece"], 3), _n(pooled["auroc"], 3), _n(pooled["brier"], 3))
-    return table
-
-
-def print_compare(out: Console, comparison: dict, path: Path) -> None:
-    table = Table(title=f"τ difference: this run − {path.name} (95% bootstrap interval)", title_justify="left",
-                  padding=(0, 1))
-    for column in ("dataset", "Δτ", "95% CI", "pairing", "verdict"):
-        table.add_column(column, justify="left" if column in ("dataset", "verdict", "pairing") else "right")
-    for name, c in comparison.items():
-        low, high = c["ci"]
-        verdict = "-" if c["significant"] is None else ("significant" if c["significant"] else "not significant")
-        table.add_row(name, _n(c["difference"], 3), f"[{_n(low, 3)}, {_n(high, 3)}]",
-                      "paired by prompt" if c["paired"] else "unpaired", verdict)
-    out.print(table)

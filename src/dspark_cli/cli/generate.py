@@ -25,25 +25,20 @@ def register(app: typer.Typer) -> None:
 def generate(
     prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", help="Prompt text (or use --prompts; the demo "
                                            "pair has defaults)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target causal LM: folder or hub id."),
-    draft: Optional[str] = typer.Option(None, "--draft", "-d", help="DSpark draft checkpoint: folder or hub id."),
+    target: options.target() = None,
+    draft: options.draft() = None,
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="File of prompts: .txt (one per line) or .jsonl "
                                            "(strings, objects with a 'prompt' field, or dspark eval's prompt-set "
                                            "records: first of 'turns')."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Tokens to generate per prompt."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off); applied to target and draft."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0 = off); applied to target and draft."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round (default: the "
-                                             "trained block size, which is also the maximum)."),
-    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position, taken "
-                                             "from the base logits (default: the config's dspark_draft_topk, "
-                                             "else the dense Markov stage)."),
-    markov: str = typer.Option("auto", "--markov", help="Markov stage: auto, dense, topk, nvfp4 or fused "
-                               "(same tokens, different cost)."),
-    confidence_threshold: Optional[float] = typer.Option(None, "--confidence-threshold", help="Verify only the "
-                                                         "positions whose survival prod(c_i) >= X (needs a "
-                                                         "confidence head; never changes the output distribution)."),
+    temperature: options.temperature() = 0.0,
+    top_p: options.top_p() = 1.0,
+    top_k: options.top_k() = 0,
+    block_size: options.block_size() = None,
+    draft_topk: options.draft_topk() = None,
+    markov: options.markov() = "auto",
+    confidence_threshold: options.confidence_threshold() = None,
+    confidence_rule: options.confidence_rule() = "survival",
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="Wrap each prompt in the tokenizer's chat "
                                         "template (default: when it has one)."),
     baseline: bool = typer.Option(False, "--baseline", help="Also decode plainly with the target and report the "
@@ -55,9 +50,7 @@ def generate(
                                           "models under 100 M parameters, whose small matmuls do not scale; else "
                                           "the cores the load average shows idle)."),
     json_path: options.json_path("every number (with '-', the streamed text goes to stderr)") = None,
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="STS temperatures "
-                                               "of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
-                                               "and the calibration scores; the output is unchanged."),
+    calibration: options.calibration() = None,
 ) -> None:
     from dspark_cli.cli.generate_report import json_document, print_report, settings_document
     from dspark_cli.errors import DsparkError
@@ -79,7 +72,8 @@ def generate(
         raise DsparkError(f"--threads: {error}.") from None
     checked = Pair.check(target, draft, device=device, dtype=dtype, temperatures=_temperatures(calibration),
                          block_size=block_size, draft_topk=draft_topk, markov=markov, temperature=temperature,
-                         top_p=top_p, top_k=top_k, confidence_threshold=confidence_threshold)
+                         top_p=top_p, top_k=top_k, confidence_threshold=confidence_threshold,
+                         confidence_rule=confidence_rule)
     inputs = (local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
               + local_inputs("--calibration file", [calibration]))
     check_output_file(json_path, inputs + [("draft checkpoint", checked.checkpoint.local_dir)], "--json file")

@@ -4,6 +4,10 @@
 carries nothing else (the human report is left out, or goes to stderr). `--seed` takes 0 to 2^64 - 1 (what
 torch.Generator.manual_seed accepts). `--device` takes auto, cpu, cuda or cuda:N; `--dtype` auto, float32,
 bfloat16 or float16. Each factory takes the sentence that says what the option does in that command.
+
+The pair and decode settings (`--target/-t`, `--draft/-d`, `--block-size`, `--draft-topk`, `--markov`,
+`--temperature`, `--top-p`, `--top-k`, `--confidence-threshold`, `--confidence-rule`, `--calibration`) are declared
+here too, so that generate and eval offer the same flags; their `what` defaults to the decode commands' sentence.
 """
 
 from __future__ import annotations
@@ -48,6 +52,56 @@ def dtype(what: str = "auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat1
 
 def force(what: str):
     return Annotated[bool, typer.Option("--force", help=what)]
+
+
+def target(what: str = "Target causal LM: folder or hub id."):
+    """`--target/-t`: a required one takes `= ...` as its default."""
+    return Annotated[Optional[str], typer.Option("--target", "-t", metavar="TARGET", help=what)]
+
+
+def draft(what: str = "DSpark draft checkpoint: folder or hub id."):
+    return Annotated[Optional[str], typer.Option("--draft", "-d", metavar="DRAFT", help=what)]
+
+
+def block_size(what: str = "Draft tokens per round (default: the trained block size, which is also the maximum).",
+               min: Optional[int] = None):
+    return Annotated[Optional[int], typer.Option("--block-size", min=min, help=what)]
+
+
+def draft_topk(what: str = "Markov candidates per position, taken from the base logits (default: the config's "
+               "dspark_draft_topk, else the dense Markov stage)."):
+    return Annotated[Optional[int], typer.Option("--draft-topk", help=what)]
+
+
+def markov(what: str = "Markov stage: auto, dense, topk, nvfp4 or fused (same tokens, different cost)."):
+    return Annotated[str, typer.Option("--markov", help=what)]
+
+
+def temperature(what: str = "0 = greedy."):
+    return Annotated[float, typer.Option("--temperature", min=0.0, help=what)]
+
+
+def top_p(what: str = "Nucleus sampling mass (1 = off); applied to target and draft."):
+    return Annotated[float, typer.Option("--top-p", help=what)]
+
+
+def top_k(what: str = "Top-k sampling (0 = off); applied to target and draft."):
+    return Annotated[int, typer.Option("--top-k", min=0, help=what)]
+
+
+def confidence_threshold(what: str = "Verify only a prefix chosen by the confidence head (--confidence-rule; needs "
+                         "a confidence head; never changes the output distribution)."):
+    return Annotated[Optional[float], typer.Option("--confidence-threshold", help=what)]
+
+
+def confidence_rule(what: str = "survival: keep positions while prod(c_i) >= X (vLLM); per-slot: cut at the first "
+                    "c_j < X (DeepSpec)."):
+    return Annotated[str, typer.Option("--confidence-rule", help=what)]
+
+
+def calibration(what: str = "STS temperatures of `dspark calibrate`: c_i = sigmoid(logit_i / T_i) for the threshold "
+                "rule and the calibration scores; the output is unchanged."):
+    return Annotated[Optional[Path], typer.Option("--calibration", metavar="STS.json", help=what)]
 
 
 Revision = Annotated[Optional[str], typer.Option(

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import options, render
+from dspark_cli.cli import options, plan_report, render
 
 HELP = """Replay the rounds of `dspark eval --json` run files offline for every fixed verify length k = 1..N and a
 sweep of confidence thresholds (survival and per-slot rules, raw and, with --calibration, calibrated): tau, accepted
@@ -31,8 +30,8 @@ def plan(
                                       "the same prompts add a measured row for that size."),
     costs: Optional[Path] = typer.Option(None, "--costs", metavar="COSTS.json", help="Milliseconds of a target "
                                          "pass over t tokens, t = 1..N+1 (`dspark bench verify --json`)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="STS.json", help="Also replay the "
-                                               "thresholds on STS-calibrated confidences (`dspark calibrate`)."),
+    calibration: options.calibration("Also replay the thresholds on STS-calibrated confidences (`dspark "
+                                     "calibrate`).") = None,
     out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the plan (for `dspark "
                                        "serve --from-plan`)."),
     force: options.force("Replace FILE if it exists.") = False,
@@ -68,7 +67,7 @@ def plan(
     if json_path is not None:
         render.emit_json(document, json_path)
     console = render.err_console if options.to_stdout(json_path) else render.console
-    console.print(_table(result))
+    console.print(plan_report.table(result))
     for note in notes:
         console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
     if result.recommended is not None:
@@ -84,29 +83,3 @@ def plan(
         console.print(Text("vllm serve ... --speculative-config fields: ") + Text(json.dumps(fields), style="bold"))
         if out is not None:
             console.print(Text(f"`dspark serve --from-plan {out} -t TARGET -d DRAFT` serves with them", style="dim"))
-
-
-def _n(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _table(result) -> Table:
-    table = Table(title=f"replay of {sum(1 for _ in result.runs)} run file(s), block {result.block_size}: per round, "
-                        "exact for the recorded rounds; τ of a real run and tokens/s are estimates",
-                  title_justify="left", padding=(0, 1))
-    for column in ("rule", "τ", "95% CI", "accepted", "verified", "censored", "ms/round", "tok/s"):
-        table.add_column(column, justify="left" if column == "rule" else "right")
-    shown = [row for row in result.rows if row.rule.kind in ("fixed", "measured") or _shown_threshold(row.rule.value)
-             or row is result.recommended]
-    for row in shown:
-        low, high = row.tau_ci
-        style = "bold green" if row is result.recommended else None
-        table.add_row(row.rule.label, _n(row.tau), f"[{_n(low)}, {_n(high)}]", _n(row.accepted_per_round),
-                      _n(row.verified_per_round), str(row.censored_rounds), _n(row.round_ms, 1),
-                      _n(row.tokens_per_s, 1), style=style)
-    return table
-
-
-def _shown_threshold(value: float) -> bool:
-    """The table shows every tenth threshold (the JSON and the recommendation have the whole sweep)."""
-    return abs(value * 10 - round(value * 10)) < 1e-9

@@ -52,6 +52,11 @@ def with_flags(document: Any) -> Any:
     return document
 
 
+def quiet() -> None:
+    """Silence the console of this process: under torchrun, rank 0 alone prints progress and reports."""
+    console.quiet = True
+
+
 class Command(TyperCommand):
     """Usage lines name a required argument plainly (`CHECKPOINT`), as click does, not `{CHECKPOINT}`."""
 
@@ -118,6 +123,11 @@ def _print_error(message: str) -> None:
     if state.verbose:
         err_console.print(traceback.format_exc(), markup=False, highlight=False)
     err_console.print(f"[bold red]error:[/] {escape(name_flags(message))}", highlight=False, soft_wrap=True)
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    """A table cell: `value` with `digits` decimals, '-' when there is none."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def sentence(text: str) -> str:

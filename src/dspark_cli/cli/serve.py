@@ -28,14 +28,12 @@ def register(app: typer.Typer) -> None:
 
 @render.handle_errors
 def serve(
-    target: str = typer.Option(..., "--target", "-t", metavar="TARGET",
-                               help="Target model: folder or hub id (only its config.json is read here)."),
-    draft: str = typer.Option(..., "--draft", "-d", metavar="DRAFT", help="Draft checkpoint: folder or hub id."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Draft tokens per round, vLLM's "
-                                             "num_speculative_tokens (default and maximum: what the draft was "
-                                             "trained for)."),
-    draft_topk: Optional[int] = typer.Option(None, "--draft-topk", help="Markov candidates per position "
-                                             "(dspark_draft_topk; default: the draft config's, else dense)."),
+    target: options.target("Target model: folder or hub id (only its config.json is read here).") = ...,
+    draft: options.draft("Draft checkpoint: folder or hub id.") = ...,
+    block_size: options.block_size("Draft tokens per round, vLLM's num_speculative_tokens (default and maximum: what "
+                                   "the draft was trained for).") = None,
+    draft_topk: options.draft_topk("Markov candidates per position (dspark_draft_topk; default: the draft config's, "
+                                   "else dense).") = None,
     draft_sample_method: str = typer.Option("probabilistic", "--draft-sample-method", help="probabilistic "
                                             "(sample drafts from q, as dspark generate does) or greedy (argmax "
                                             "drafts, less GPU memory); both are lossless."),

@@ -49,13 +49,13 @@ def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 @render.handle_errors
 def train(
-    target: str = typer.Option(..., "--target", help="Target causal LM: a Hugging Face folder or hub id."),
+    target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
     data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
     layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers (default: 1; on "
                                          "--resume: the checkpoint's)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Tokens proposed per round (the "
-                                             "anchor's slot included) (default: 7; on --resume: the checkpoint's)."),
+    block_size: opts.block_size("Tokens proposed per round (the anchor's slot included) (default: 7; on --resume: "
+                                "the checkpoint's).", min=1) = None,
     target_layers: Optional[str] = typer.Option(None, "--target-layers",
                                                 help="Target layer ids feeding the draft, e.g. 1,9,17 "
                                                 "(default: evenly spaced like DeepSpec)."),
@@ -105,14 +105,12 @@ def train(
 
     from transformers.utils import logging as hf_logging
 
-    from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
     from dspark_cli.runtime import distributed
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
     from dspark_cli.runtime.io.outputs import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
-    from dspark_cli.runtime.distributed import torch_distributed_error
 
     hf_logging.disable_progress_bar()
 
@@ -141,35 +139,24 @@ def train(
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
                           f"processes ({dist.world_size}).")
-    if not dist.is_main:
-        render.console.quiet = True  # rank 0 alone prints notes, progress and the result
-    backend = distributed.start(dist, opts.torch_device(device), dist_timeout)
-    if backend is not None:
-        render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
-    if dist.is_main:
-        check_log_file(log, out, target, data, resume, chat_template)
-    existed = out.exists()
-    try:
-        final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
-    except distributed.PeerFailed as error:
+    with distributed.on_ranks(dist, opts.torch_device(device), dist_timeout, render.quiet) as backend:
+        if backend is not None:
+            render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
         if dist.is_main:
+            check_log_file(log, out, target, data, resume, chat_template)
+        existed = out.exists()
+        try:
+            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
+        except (KeyboardInterrupt, Terminated) as stop:
+            if dist.is_main:  # rank 0 says what was kept; the others never write to `out`
+                stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
             raise
-        raise typer.Exit(error.exit_code) from None  # the failing rank and rank 0 have said why
-    except (KeyboardInterrupt, Terminated) as stop:
-        if not dist.is_main:  # rank 0 says what was kept; the others never write to `out`
-            raise typer.Exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED) from None
-        stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
-        raise
-    except OSError as error:  # a full disk or a read-only place while writing a checkpoint, the draft or the log
-        if not (dist.is_main and is_disk_error(error)):
-            raise
-        where = f" {error.filename}" if error.filename else ""
-        raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
-                          f"{_kept_after_interrupt(out, existed)}.") from None
-    except torch_distributed_error() as error:
-        raise distributed.lost_contact(dist, error) from error
-    finally:
-        distributed.stop(dist)
+        except OSError as error:  # a full disk or a read-only place while writing a checkpoint, the draft or the log
+            if not (dist.is_main and is_disk_error(error)):
+                raise
+            where = f" {error.filename}" if error.filename else ""
+            raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
+                              f"{_kept_after_interrupt(out, existed)}.") from None
     render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
                                        f" (check it with `dspark validate {final} --target {target}`)"))
 

@@ -18,13 +18,14 @@ to a one-process run with the same global batch:
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from dspark_cli.errors import DsparkError
+from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
 
 T = TypeVar("T")
 EXIT_CRASH = 1  # an unexpected exception on some rank
@@ -223,6 +224,33 @@ def start(context: DistContext, device: torch.device, timeout_s: float) -> str |
         raise DsparkError(f"{context.name}: cannot join the {backend} process group: {error}. Start the processes "
                           "with torchrun (MASTER_ADDR / MASTER_PORT must reach rank 0).") from error
     return backend
+
+
+@contextmanager
+def on_ranks(context: DistContext, device: torch.device, timeout_s: float, quiet: Callable[[], None]
+             ) -> Iterator[str | None]:
+    """The work of one command on every rank: join the process group (`start`; yields the backend, None for one
+    process), run the with-block, leave the group however it ends. Rank 0 alone reports: `quiet` is called on the
+    others (the CLI silences its console). On a rank other than 0, a peer's failure (PeerFailed), Ctrl-C or SIGTERM
+    ends the process with SystemExit and the exit code (errors.py), saying nothing: the failing rank and rank 0 have
+    said why. A peer lost under NCCL becomes one sentence naming this rank (`lost_contact`)."""
+    if not context.is_main:
+        quiet()
+    backend = start(context, device, timeout_s)
+    try:
+        yield backend
+    except PeerFailed as error:
+        if context.is_main:
+            raise
+        raise SystemExit(error.exit_code) from None
+    except (KeyboardInterrupt, Terminated) as interrupt:
+        if context.is_main:
+            raise
+        raise SystemExit(EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED) from None
+    except torch_distributed_error() as error:
+        raise lost_contact(context, error) from error
+    finally:
+        stop(context)
 
 
 def torch_distributed_error() -> type[Exception]:

@@ -5,5 +5,6 @@
 - walks.py     the Markov strategies of decode/markov.py as timed callables, the reference walk, the token check
 - timer.py     the interleaved timer (rotated rounds, spread limit), CUDA graphs
 - report.py    rows, bandwidth bounds, the report, the latency chart;  lineplot.py: a dependency-free PNG chart
-- verify.py    `dspark bench verify`: the target's score pass timed for t = 1..T tokens (the table `dspark plan` reads)
+- verify.py    `dspark bench verify`: the target loaded and its score pass timed for t = 1..T tokens (`verify_costs`;
+               the table `dspark plan` reads)
 """

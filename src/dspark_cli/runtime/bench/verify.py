@@ -35,6 +35,21 @@ class VerifyCosts:
                 "timings": {str(t): self.timings[t].to_dict() for t in tokens}}
 
 
+def verify_costs(target: str, draft: str | None, device: torch.device, dtype: torch.dtype, context: int,
+                 max_tokens: int, reps: int, warmup: int) -> VerifyCosts:
+    """Load the target (`TargetModel`, capturing the hidden states `draft` reads, as a round does; else layer 1)
+    and time its score pass (`time_verify`)."""
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.model.target import TargetModel
+
+    indices = [1]
+    if draft is not None:
+        indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices
+    model = TargetModel.load(target, indices, dtype=dtype, device=device)
+    return time_verify(model, target, context, max_tokens, reps, warmup)
+
+
 def time_verify(target, source: str, context: int, max_tokens: int, reps: int, warmup: int, seed: int = 0
                 ) -> VerifyCosts:
     """Median milliseconds of target.score over 1..max_tokens tokens after a `context`-token prefill."""

@@ -1,0 +1,29 @@
+"""`dspark plan`'s table: the replayed verify rules, the recommended one in bold green."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from dspark_cli.cli.render import number
+
+
+def table(result) -> Table:
+    table = Table(title=f"replay of {sum(1 for _ in result.runs)} run file(s), block {result.block_size}: per round, "
+                        "exact for the recorded rounds; τ of a real run and tokens/s are estimates",
+                  title_justify="left", padding=(0, 1))
+    for column in ("rule", "τ", "95% CI", "accepted", "verified", "censored", "ms/round", "tok/s"):
+        table.add_column(column, justify="left" if column == "rule" else "right")
+    shown = [row for row in result.rows if row.rule.kind in ("fixed", "measured") or _shown_threshold(row.rule.value)
+             or row is result.recommended]
+    for row in shown:
+        low, high = row.tau_ci
+        style = "bold green" if row is result.recommended else None
+        table.add_row(row.rule.label, number(row.tau), f"[{number(low)}, {number(high)}]", number(row.accepted_per_round),
+                      number(row.verified_per_round), str(row.censored_rounds), number(row.round_ms, 1),
+                      number(row.tokens_per_s, 1), style=style)
+    return table
+
+
+def _shown_threshold(value: float) -> bool:
+    """The table shows every tenth threshold (the JSON and the recommendation have the whole sweep)."""
+    return abs(value * 10 - round(value * 10)) < 1e-9
