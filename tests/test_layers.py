@@ -45,7 +45,7 @@ def test_no_runtime_message_names_a_flag():
 # the shared modules; never a higher layer or a sibling folder of the same layer.
 LAYERS = [
     ("cli",),
-    ("runtime.train", "runtime.bench", "runtime.quantize"),
+    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.session"),
     ("runtime.pair",),
     ("runtime.engines",),
     ("runtime.decode", "runtime.measure"),

@@ -96,7 +96,7 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     """-> (run, sets, settings, session, json_path, the --compare run): every check before work, then the pair."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.measure import evaluation as ev
-    from dspark_cli.runtime.measure.session import open_session
+    from dspark_cli.runtime.session import open_session
 
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
     json_path = o.json_path
@@ -267,7 +267,7 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
     """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
     ones): the original flags resume, a different one is named."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.measure.session import REQUEST_DEFAULTS
+    from dspark_cli.runtime.session import REQUEST_DEFAULTS
 
     for key in RUN_KEYS:
         if key in given and not _same_request(key, given[key], stored.get(key, REQUEST_DEFAULTS.get(key))):

@@ -2,7 +2,6 @@
 
 - metrics.py      `GenerationStats` of prompts -> `Summary` (tau, acceptance, calibration, timings)
 - evaluation.py   `dspark eval`: prompt sets, the run file, intervals, compare, prompts shared across ranks
-- session.py      `dspark eval`'s pair: checked, prompts encoded, loaded, one prompt per call (`open_session`)
 - run_file.py     a run file read back as input: bounded, its schema checked key by key (`read_run_document`)
 - calibration.py  `dspark calibrate`: Sequential Temperature Scaling of the confidences, the engines' STS file
 - replay.py       `dspark plan`: recorded rounds re-scored for other verify lengths and thresholds, tokens/s
