@@ -263,6 +263,7 @@ def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # Ctrl-C during the second prompt's save
 
     monkeypatch.setattr(ev.EvalRun, "save", save)
+    monkeypatch.setattr(ev, "SAVE_SPACING", 0)  # a save after every prompt, whatever a save costs on this machine
     result = eval_cli("--data", str(ev.SHIPPED_SETS[1]), "--limit", "3", "--max-new-tokens", "8", "--json",
                       str(run_file))
     assert result.exit_code == 130 and "--resume" in result.output
