@@ -251,6 +251,16 @@ def test_resume_accepts_the_command_line_that_made_the_run(tmp_path):
         assert changed.exit_code == 2 and f"was run with {flag} " in changed.output, (flag, changed.output)
 
 
+def test_the_largest_seed_runs_every_prompt(tmp_path):
+    """Prompt i draws with seed + i: at the documented maximum seed, 2^64 - 1, prompt 1 wraps to 0 (was an
+    overflow traceback)."""
+    run_file = tmp_path / "run.json"
+    result = eval_cli("--data", str(ev.SHIPPED_SETS[0]), "--limit", "2", "--max-new-tokens", "4", "--seed",
+                      str(2**64 - 1), "--temperature", "1.0", "--json", str(run_file))
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(run_file.read_text())["results"]) == 2
+
+
 def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
     run_file = tmp_path / "run.json"
     calls = []

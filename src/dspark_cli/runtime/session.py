@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # The requests run files before --draft-topk / --top-p / --top-k were stored without.
 REQUEST_DEFAULTS = {"draft_topk": None, "top_p": 1.0, "top_k": 0}
 RESOLVED_KEYS = ("block_size", "markov")  # a resumed run must resolve them as the run did
+SEED_SPACE = 2**64  # torch.Generator.manual_seed takes 0 .. 2^64 - 1
 
 
 def open_session(settings: dict, sets: list, dist: "DistContext", warn: Callable[[list[str]], None],
@@ -63,8 +64,9 @@ def open_session(settings: dict, sets: list, dist: "DistContext", warn: Callable
         if warm[0]:  # first-call costs (allocators, kernels) would otherwise land on the first prompt
             pair.warm_up(ids, baseline=s["baseline"], seed=s["seed"], **lengths)
             warm[0] = False
-        result = pair.generate(ids, seed=s["seed"] + index, **lengths)
-        reference = pair.baseline(ids, seed=s["seed"] + index, **lengths) if s["baseline"] else None
+        seed = (s["seed"] + index) % SEED_SPACE  # DeepSpec's seed + i, kept within torch's 64-bit seeds
+        result = pair.generate(ids, seed=seed, **lengths)
+        reference = pair.baseline(ids, seed=seed, **lengths) if s["baseline"] else None
         return ev.prompt_result(set_name, index, text, result, reference)
 
     return session
