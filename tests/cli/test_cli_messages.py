@@ -56,3 +56,24 @@ def test_a_checkpoint_folder_name_that_is_not_utf8_is_one_sentence(tmp_path, com
     result = runner.invoke(app, [*command, str(draft)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "draft-\\xff has a name that is not valid UTF-8" in words(result.stderr)
+
+
+@pytest.mark.parametrize("command", [
+    ["validate", "DRAFT", "--json", "OUT"],
+    ["serve", "--target", "DRAFT", "--draft", "DRAFT", "--dry-run", "--json", "OUT"],
+    ["generate", "hi", "--max-new-tokens", "2", "--json", "OUT"],
+    ["eval", "--limit", "1", "--max-new-tokens", "2", "--markdown", "OUT"],
+    ["quantize", "DRAFT", "-o", "OUT", "--engine", "torch"],
+    ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block", "2", "--batch", "1",
+     "--topk", "8", "--format", "bf16", "--reps", "1", "--warmup", "0", "--json", "OUT"],
+])
+def test_an_output_path_no_file_can_have_is_one_sentence(tmp_path, command):
+    """A name longer than the file system allows (ENAMETOOLONG) is refused before any work, like every OSError
+    about a path the user named."""
+    draft = write_draft(tmp_path / "draft", DraftSpec())
+    out = tmp_path / ("x" * 300 + ".json")
+    args = [str(draft) if arg == "DRAFT" else str(out) if arg == "OUT" else arg for arg in command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    text = words(result.output)
+    assert "Traceback" not in text and "File name too long" in text, text[-600:]

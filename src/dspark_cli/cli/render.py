@@ -94,12 +94,15 @@ def handle_errors(command: Callable) -> Callable:
             _print_error(_with_written(sentence(str(error)), files))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except OSError as error:
-            if not files.is_disk_error(error):
-                raise
+            if not files.is_disk_error(error) and error.filename is None:
+                raise  # not about a file the user named: a bug, shown with its traceback
             where = f" {error.filename}" if error.filename else ""
-            verb = "write" if files.is_full_or_read_only(error) else "access"
-            _print_error(_with_written(f"cannot {verb}{where}: {error.strerror or error}; free space, or choose a "
-                                       "place this user may write.", files))
+            if files.is_disk_error(error):
+                verb = "write" if files.is_full_or_read_only(error) else "access"
+                fix = "free space, or choose a place this user may write"
+            else:
+                verb, fix = "use", "choose another path"
+            _print_error(_with_written(f"cannot {verb}{where}: {error.strerror or error}; {fix}.", files))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except (KeyboardInterrupt, Terminated) as stop:
             terminated = isinstance(stop, Terminated)

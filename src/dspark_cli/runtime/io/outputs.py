@@ -97,12 +97,16 @@ def check_output_file(path: PathLike | None, inputs: Iterable[NamedInput], what:
     if path is None or os.fspath(path) == "-":
         return
     path = Path(os.path.expanduser(os.fspath(path)))
-    refuse_input_overlap(path, inputs, what)
-    if path.is_dir():
-        raise DsparkError(f"{what} {path} is a folder; give a file name.")
-    if path.exists() and not path.is_file():
-        raise DsparkError(f"{what} {path} exists and is not a regular file; give another file name.")
-    check_writable_parent(path, what)
+    try:
+        refuse_input_overlap(path, inputs, what)
+        if path.is_dir():
+            raise DsparkError(f"{what} {path} is a folder; give a file name.")
+        if path.exists() and not path.is_file():
+            raise DsparkError(f"{what} {path} exists and is not a regular file; give another file name.")
+        check_writable_parent(path, what)
+    except OSError as error:  # a path no file can have: a name too long, a loop of links, ...
+        raise DsparkError(f"{what} {path} cannot be created ({error.strerror or error}); choose another "
+                          "path.") from None
 
 
 def check_writable_parent(path: PathLike, what: str) -> None:
