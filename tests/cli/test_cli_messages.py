@@ -77,3 +77,20 @@ def test_an_output_path_no_file_can_have_is_one_sentence(tmp_path, command):
     assert result.exit_code == 2, result.output
     text = words(result.output)
     assert "Traceback" not in text and "File name too long" in text, text[-600:]
+
+
+@pytest.mark.parametrize("command", [
+    ["eval", "--limit", "1", "--max-new-tokens", "2", "--json", "SAME", "--markdown", "SAME"],
+    ["bench", "markov", "--device", "cpu", "--vocab", "64", "--rank", "16", "--block", "2", "--batch", "1",
+     "--topk", "8", "--format", "bf16", "--reps", "1", "--warmup", "0", "--json", "SAME", "--plot", "SAME"],
+    ["calibrate", "RUN", "-o", "SAME", "--json", "SAME"],
+    ["plan", "RUN", "-o", "SAME", "--json", "SAME"],
+])
+def test_two_outputs_naming_one_new_file_are_refused(tmp_path, command):
+    """One command's outputs would destroy each other: refused before any work, whether or not the file exists."""
+    same, run = tmp_path / "out.json", tmp_path / "run.json"
+    run.write_text("{}")
+    args = [str(same) if arg == "SAME" else str(run) if arg == "RUN" else arg for arg in command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "is the --" in words(result.output) and not same.exists(), words(result.output)

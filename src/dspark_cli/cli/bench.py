@@ -129,13 +129,10 @@ def _bench_device(name: str) -> str:
 
 def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
     """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs, real_path
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
 
     inputs = local_inputs("draft checkpoint", [draft])
-    check_output_file(json_out, inputs, "--json file")
-    check_output_file(plot, inputs, "--plot file")
-    if json_out is not None and plot is not None and str(json_out) != "-" and real_path(json_out) == real_path(plot):
-        raise DsparkError(f"--json and --plot both name {plot}; give them different files.")
+    check_output_files([("--json file", json_out), ("--plot file", plot)], inputs)
 
 
 def _table(report, fmt: str, temperature: float) -> Table:

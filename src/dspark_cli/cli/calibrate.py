@@ -33,13 +33,12 @@ def calibrate(
     import json
 
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
     from dspark_cli.runtime.measure.calibration import fit_runs
     from dspark_cli.runtime.measure.evaluation import EvalRun
 
     inputs = local_inputs("run file", runs)
-    check_output_file(out, inputs, "--output file")
-    check_output_file(json_path, inputs + local_inputs("--output file", [out]), "--json file")
+    check_output_files([("--output file", out), ("--json file", json_path)], inputs)
     if out.exists() and not force:
         raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
     loaded = [EvalRun.load(path) for path in runs]

@@ -232,13 +232,12 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
 def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
     """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
     pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
               + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare])
               + local_inputs("--calibration file", [(settings["calibration"] or {}).get("path")]))
-    check_output_file(json_path, inputs, "--json file")
-    check_output_file(markdown_path, inputs + local_inputs("run file", [json_path]), "--markdown file")
+    check_output_files([("--json file", json_path), ("--markdown file", markdown_path)], inputs)
 
 
 def _duplicate(names: list[str]) -> str:

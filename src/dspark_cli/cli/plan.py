@@ -38,15 +38,14 @@ def plan(
     json_path: options.json_path("the plan") = None,
 ) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
     from dspark_cli.runtime.measure import replay
     from dspark_cli.runtime.measure.calibration import load_temperatures
     from dspark_cli.runtime.measure.evaluation import EvalRun
 
     inputs = (local_inputs("run file", runs) + local_inputs("--costs table", [costs])
               + local_inputs("--calibration file", [calibration]))
-    check_output_file(out, inputs, "--output file")
-    check_output_file(json_path, inputs + local_inputs("--output file", [out]), "--json file")
+    check_output_files([("--output file", out), ("--json file", json_path)], inputs)
     if out is not None and out.exists() and not force:
         raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
     loaded = [EvalRun.load(path) for path in runs]

@@ -109,6 +109,16 @@ def check_output_file(path: PathLike | None, inputs: Iterable[NamedInput], what:
                           "path.") from None
 
 
+def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Iterable[NamedInput]) -> None:
+    """check_output_file for each (what, path) of one command's outputs, each also against the outputs before it:
+    two outputs naming one file (or one inside the other) would destroy each other, existing or not."""
+    inputs, earlier = list(inputs), []
+    for what, path in outputs:
+        check_output_file(path, inputs + earlier, what)
+        if path is not None and os.fspath(path) != "-":
+            earlier.append((what, path))
+
+
 def check_writable_parent(path: PathLike, what: str) -> None:
     """Refuse `path` when its nearest existing parent is not a folder this process may create entries in."""
     parent = Path(os.path.abspath(os.path.expanduser(os.fspath(path)))).parent
