@@ -58,6 +58,13 @@ class ServePlan:
     files: dict[str, str] = field(default_factory=dict)  # file name -> text, written by the caller in files_dir
 
     @property
+    def draft_tokens(self) -> int:
+        """Draft tokens per round, under the engine's own name for it."""
+        spec = self.speculative_config
+        return next(spec[k] for k in ("num_speculative_tokens", "speculative_dspark_block_size", "max_draft_len")
+                    if k in spec)
+
+    @property
     def command(self) -> str:
         """The argv as one copy-pasteable POSIX shell line."""
         return shlex.join(self.argv)
