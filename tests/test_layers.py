@@ -11,6 +11,8 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # Files whose strings name another program's flags (not dspark's), relative to runtime/.
 FLAG_ALLOWED = {
     "engines/vllm.py",  # vLLM's own command-line flags: the argv dspark builds for `vllm serve`
+    "engines/sglang.py",  # SGLang's server flags: the `sglang.launch_server` argv
+    "engines/trtllm.py",  # trtllm-serve's flags: its argv
 }
 
 

@@ -104,6 +104,15 @@ def calibration(what: str = "STS temperatures of `dspark calibrate`: c_i = sigmo
     return Annotated[Optional[Path], typer.Option("--calibration", metavar="STS.json", help=what)]
 
 
+ENGINE_NAMES = ("vllm", "sglang", "trtllm")
+
+
+def engine(what: str = "Serving engine: vllm, sglang or trtllm (docs/engines.md).", choices=ENGINE_NAMES):
+    """`--engine NAME` (default vllm): the serving engine a command checks against or hands the pair to; the
+    runtime's `engines.engine(name)` refuses another name in one sentence."""
+    return Annotated[str, typer.Option("--engine", metavar="|".join(choices), help=what)]
+
+
 Revision = Annotated[Optional[str], typer.Option(
     "--revision", metavar="REV", help="Hub revision (branch, tag or commit) of CHECKPOINT.")]
 

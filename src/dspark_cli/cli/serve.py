@@ -43,23 +43,29 @@ def serve(
     from_plan: Optional[Path] = typer.Option(None, "--from-plan", metavar="PLAN.json", help="Take "
                                              "num_speculative_tokens (and a survival threshold, "
                                              "dspark_confidence_threshold) from `dspark plan -o`."),
+    engine_name: options.engine("Serving engine: vllm (default), sglang or trtllm (docs/engines.md).") = "vllm",
+    calibration: options.calibration("STS temperatures of `dspark calibrate`, handed to SGLang or TensorRT-LLM "
+                                     "(their confidence head's calibration).") = None,
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
-                                                    help="Extra `vllm serve` arguments, after `--`."),
+                                                    help="Extra arguments for the engine's command, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
     from dspark_cli.runtime.engines import engine
     from dspark_cli.runtime.engines.seam import DraftRefused, ServeRequest
-    from dspark_cli.runtime.engines.vllm import INSTALL_HINT, exec_vllm, find_vllm
+    from dspark_cli.runtime.engines.vllm import exec_vllm, find_vllm
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
     block_size, threshold = plan_settings(from_plan, block_size)
+    chosen = engine(engine_name)
     request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
                            draft_sample_method=draft_sample_method, port=port, engine_args=tuple(vllm_args or ()),
-                           confidence_threshold=threshold)
+                           confidence_threshold=threshold,
+                           calibration=None if calibration is None else str(calibration.expanduser().resolve()),
+                           files_dir=files_dir(json_path, dry_run))
     try:
-        plan = engine("vllm").plan(request)
+        plan = chosen.plan(request)
     except DraftRefused as refused:
         if json_path is not None:
             render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code}, json_path)
@@ -74,20 +80,62 @@ def serve(
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise from_plan_worded(error, from_plan) from None
+    installed, hint = engine_installed(chosen.name)
     if json_path is not None:
-        render.emit_json({**plan.to_dict(), "vllm": find_vllm(), "exit_code": 0}, json_path)
+        extra = {"vllm": find_vllm()} if chosen.name == "vllm" else {"installed": installed}
+        render.emit_json({**plan.to_dict(), **extra, "exit_code": 0}, json_path)
         if options.to_stdout(json_path):
             return
     print_notes(plan)
+    write_files(plan, request.files_dir, printed=dry_run and json_path is None)
     print(plan.command, flush=True)  # plain print: rich would wrap the line and break copy-paste
     if dry_run or json_path is not None:
         return
-    if find_vllm() is None:
-        render.err_console.print(f"[bold red]error:[/] {escape(INSTALL_HINT)}", highlight=False, soft_wrap=True)
+    if not installed:
+        render.err_console.print(f"[bold red]error:[/] {escape(hint)}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
-    render.err_console.print("[dim]starting vLLM in place of dspark (signals and exit code are vLLM's)[/]")
+    render.err_console.print(f"[dim]starting {chosen.label} in place of dspark (signals and exit code are "
+                             f"{chosen.label}'s)[/]")
     sys.stderr.flush()
     exec_vllm(plan.argv)
+
+
+def files_dir(json_path: Path | None, dry_run: bool) -> str:
+    """Where the plan's files go: beside a --json file; the current folder for --dry-run (they are printed, to be
+    saved there); a fresh temporary folder when the engine is started."""
+    if json_path is not None and not options.to_stdout(json_path):
+        return str(json_path.expanduser().resolve().parent)
+    if dry_run or json_path is not None:
+        return "."
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="dspark-serve-")
+
+
+def write_files(plan: "ServePlan", folder: str, printed: bool) -> None:
+    """The engine's config files: printed on stderr under their names (--dry-run), else written atomically."""
+    from dspark_cli.runtime.io.outputs import atomic_write_text, record_written
+
+    for name, text in plan.files.items():
+        path = Path(folder) / name
+        if printed:
+            render.err_console.print(f"[dim]save as {escape(str(path))}:[/]\n{escape(text)}", highlight=False,
+                                     soft_wrap=True)
+            continue
+        atomic_write_text(path, text)
+        record_written(path)
+        render.err_console.print(f"[dim]wrote {escape(str(path))}[/]", highlight=False)
+
+
+def engine_installed(name: str) -> tuple[bool, str]:
+    """Whether the engine's command can start here, and how to install it when not (nothing is imported)."""
+    from dspark_cli.runtime.engines import sglang, trtllm, vllm
+
+    if name == "sglang":
+        return sglang.sglang_installed(), sglang.INSTALL_HINT
+    if name == "trtllm":
+        return trtllm.find_trtllm() is not None, trtllm.INSTALL_HINT
+    return vllm.find_vllm() is not None, vllm.INSTALL_HINT
 
 
 def print_notes(plan: "ServePlan") -> None:
@@ -97,7 +145,7 @@ def print_notes(plan: "ServePlan") -> None:
         console.print(f"[bold yellow]! {finding.code}[/] {escape(finding.message)}", highlight=False,
                       soft_wrap=True)
     console.print(f"[green]ok[/] {escape(plan.draft)}: validate found no errors against {escape(plan.target)}; "
-                  f"{plan.speculative_config['num_speculative_tokens']} draft tokens per round, "
+                  f"{plan.draft_tokens} draft tokens per round, "
                   f"{escape(plan.draft_quantization)}.", highlight=False, soft_wrap=True)
     for note in plan.notes:
         console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)

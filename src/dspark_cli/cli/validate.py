@@ -40,6 +40,8 @@ def validate(
     deep: bool = typer.Option(False, "--deep", help="Also load tensors one at a time to check their values."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
     json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
+    engine: options.engine("Engine to judge the draft for: vllm (default), sglang, trtllm, or all (a verdict per "
+                           "engine; docs/engines.md).", choices=(*options.ENGINE_NAMES, "all")) = "vllm",
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
@@ -61,15 +63,46 @@ def validate(
                               "error": {"code": error.code, "message": error.message}}, json_path)
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     exit_code = report.exit_code(strict)
+    verdicts = engine_verdicts(engine, ckpt, report)
+    if verdicts:
+        refused = all(v.refused for v in verdicts)
+        exit_code = 1 if refused or (strict and report.warnings) else 0
     if json_path is not None:
         document = render.with_flags(report.to_dict())  # the JSON names flags as the printed report does
+        if verdicts:
+            document["engines"] = {v.engine: render.with_flags(v.to_dict()) for v in verdicts}
         render.emit_json({**document, "strict": strict, "exit_code": exit_code}, json_path)
     if not options.to_stdout(json_path):
-        print_report(report, strict, exit_code)
+        print_report(report, strict, exit_code, verdicts)
     raise typer.Exit(exit_code)
 
 
-def print_report(report: "Report", strict: bool, exit_code: int) -> None:
+def engine_verdicts(name: str, ckpt, report: "Report") -> list:
+    """The per-engine verdicts `--engine` asks for; none for vllm, whose verdict is validate's own report."""
+    if name == "vllm":
+        return []
+    from dspark_cli.runtime.engines import ENGINES
+    from dspark_cli.runtime.engines import engine as named_engine
+    from dspark_cli.runtime.engines.seam import draft_config
+
+    chosen = ENGINES.values() if name == "all" else [named_engine(name)]
+    config = draft_config(ckpt, report)
+    return [e.verdict(report, config) for e in chosen]
+
+
+def engine_table(verdicts: list) -> Table:
+    """engine x verdict: serves / serves with losses / refuses, with the codes and what is lost."""
+    styles = {"serves": "bold green", "serves with losses": "bold yellow", "refuses": "bold red"}
+    table = Table(title="Engines", title_justify="left", show_edge=False)
+    for column in ("engine", "verdict", "codes", "lost or changed"):
+        table.add_column(column)
+    for v in verdicts:
+        table.add_row(v.label, Text(v.status, styles[v.status]), " ".join(f.code for f in v.refused) or "-",
+                      Text(render.name_flags(" ".join(v.notes)) or "-"))
+    return table
+
+
+def print_report(report: "Report", strict: bool, exit_code: int, verdicts: list = ()) -> None:
     console = render.console
     console.print(Text.assemble(("dspark validate ", "bold"), report.source))
     console.print(resolved_table(report.resolved))
@@ -97,8 +130,15 @@ def print_report(report: "Report", strict: bool, exit_code: int) -> None:
         console.print(Text("\nSkipped", style="bold"))
         for skipped in report.skipped:
             console.print(Text(f"  - {skipped.check}: {render.name_flags(skipped.reason)}", style="dim"))
+    engine_findings = [f for v in verdicts for f in v.refused if f.code not in report.codes]
+    for finding in engine_findings:
+        console.print(Text.assemble((f"  x {finding.code} ", "bold red"), render.name_flags(finding.message)))
+        console.print(Text(f"    fix: {render.name_flags(finding.hint)}", style="dim"))
+    if verdicts:
+        console.print()
+        console.print(engine_table(verdicts))
     console.print()
-    console.print(summary_line(report, strict, exit_code))
+    console.print(summary_line(report, strict, exit_code) if not verdicts else verdict_line(verdicts, exit_code))
 
 
 def resolved_table(resolved: dict) -> Table:
@@ -137,6 +177,13 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
                     f"{format_bytes(resolved['bytes'], decimal=True)}"),
     ]
     return rows
+
+
+def verdict_line(verdicts: list, exit_code: int) -> Text:
+    serving = [v.label for v in verdicts if not v.refused]
+    if not serving:
+        return Text(f"x no engine asked for serves this draft (exit {exit_code}).", "bold red")
+    return Text(f"ok served by {', '.join(serving)} (exit {exit_code}).", "bold green")
 
 
 def summary_line(report: "Report", strict: bool, exit_code: int) -> Text:

@@ -1,21 +1,33 @@
 """What every serving engine fills (engines/__init__.py registers them), and the request and plan they share.
 
-An engine module defines one `Engine`: its registry name and label, the source its rules were read from, the codes
-of validate's report it alone refuses (`own_codes`: restrictions of that engine, not a broken draft, which dspark
-itself runs), and `plan(request) -> ServePlan`, which checks the pair with validate's header-only rules, refuses it
-when `engine.refuses(report)` is not empty (`DraftRefused`), and builds the argv that launches the checked pair,
-with notes on what the engine drops or changes. Torch-free: engines/ imports only checkpoint/, settings.py,
-rounds.py, io/ and errors.
+An engine module defines one `Engine`:
+- `name`, `label`: the registry key ("sglang") and how messages name it ("SGLang");
+- `source`: the engine's files (and commits) its rules were read from; docs/engines.md says which are verified;
+- `own_codes`: codes of validate's report that this engine refuses although the draft is sound (restrictions of
+  some engines, e.g. vLLM's DSP012); a code no registered engine lists blocks every engine (a broken draft);
+- `rules(config, report) -> (findings, notes)`: what only this engine checks: error findings with the engine codes
+  of `rules.codes.ENGINE_CODES` (DSP7xx, made with `engine_finding`), and notes on what it loads but drops or
+  changes for this draft;
+- `layout`: the draft layout it needs, in one sentence; `reads`: the files it takes besides the two models;
+- `plan(request) -> ServePlan`: checks the pair (`checked_pair`: validate's header-only rules, then `verdict`;
+  `DraftRefused` when it refuses) and builds the argv that launches it, with the files to write beside it.
+
+`Engine.verdict(report, config)` is what `dspark validate --engine` prints: serves / serves with losses / refuses.
+Torch-free: engines/ imports only checkpoint/, settings.py, rounds.py, io/ and errors.
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
-from dspark_cli.runtime.checkpoint.rules import Finding, Report
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.read import Checkpoint
+from dspark_cli.runtime.checkpoint.rules import ERROR, Finding, Report
+from dspark_cli.runtime.checkpoint.rules.codes import ENGINE_CODES
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,8 @@ class ServeRequest:
     port: int | None = None
     engine_args: tuple[str, ...] = ()  # passed to the engine's command unchanged, after dspark's own flags
     confidence_threshold: float | None = None  # verify positions whose survival >= X (a `dspark plan` result)
+    calibration: str | None = None  # STS temperatures file of `dspark calibrate` (engines that read one)
+    files_dir: str = "."  # where the caller writes the plan's `files`; the argv names them there
 
 
 @dataclass
@@ -40,6 +54,15 @@ class ServePlan:
     trained_block_size: int | None
     draft_quantization: str  # how the draft's weights are stored
     notes: list[str] = field(default_factory=list)  # what the engine drops, changes or takes from the draft itself
+    engine: str = "vllm"
+    files: dict[str, str] = field(default_factory=dict)  # file name -> text, written by the caller in files_dir
+
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens per round, under the engine's own name for it."""
+        spec = self.speculative_config
+        return next(spec[k] for k in ("num_speculative_tokens", "speculative_dspark_block_size", "max_draft_len")
+                    if k in spec)
 
     @property
     def command(self) -> str:
@@ -56,17 +79,55 @@ class ServePlan:
             "trained_block_size": self.trained_block_size,
             "draft_quantization": self.draft_quantization,
             "notes": self.notes,
+            **({"engine": self.engine} if self.engine != "vllm" else {}),
+            **({"files": self.files} if self.files else {}),
             "findings": [f.to_dict() for f in self.report.findings],
         }
+
+
+Rules = Callable[[DraftConfig, Report], tuple[list[Finding], list[str]]]
+
+
+def no_rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
+    return [], []
+
+
+def engine_finding(code: str, message: str) -> Finding:
+    """An error of one engine's own rules (ENGINE_CODES): the message says what the draft has, the hint is the
+    registry's."""
+    label, _, hint = ENGINE_CODES[code]
+    return Finding(code, ERROR, f"{label}: {message}", hint)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    engine: str
+    label: str
+    refused: list[Finding]  # validate's errors this engine refuses, then its own rules' errors
+    notes: list[str]  # what it loads but drops or changes
+    layout: str
+    reads: str
+
+    @property
+    def status(self) -> str:
+        return "refuses" if self.refused else "serves with losses" if self.notes else "serves"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.label, "verdict": self.status, "codes": [f.code for f in self.refused],
+                "refused": [f.to_dict() for f in self.refused], "notes": self.notes, "layout": self.layout,
+                "reads": self.reads}
 
 
 @dataclass(frozen=True)
 class Engine:
     name: str  # the registry key, e.g. "vllm"
     label: str  # how messages name it, e.g. "vLLM"
-    source: str  # where its rules were read (the engine's source files; docs/serve.md lists the commits)
-    own_codes: frozenset[str]  # validate's error codes only this engine (among the registered ones) refuses
+    source: str  # where its rules were read (the engine's source files; docs/engines.md lists the commits)
+    own_codes: frozenset[str]  # validate's error codes only some engines refuse, this one among them
     plan: Callable[[ServeRequest], ServePlan]  # check the pair, then the command that launches it
+    rules: Rules = no_rules  # this engine's own checks (ENGINE_CODES) and notes on what it drops
+    layout: str = ""  # the draft layout it needs
+    reads: str = ""  # the files it reads besides the two models
 
     def refuses(self, report: Report) -> list[Finding]:
         """The errors of validate's report that block this engine: all but the restrictions of other engines."""
@@ -74,6 +135,65 @@ class Engine:
 
         others = ENGINE_ONLY_CODES - self.own_codes
         return [finding for finding in report.errors if finding.code not in others]
+
+    def verdict(self, report: Report, config: DraftConfig | None) -> Verdict:
+        """Serves / serves with losses / refuses: validate's errors it refuses plus its own rules (run only on a
+        DSpark or DFlash draft, `config`)."""
+        findings, notes = self.rules(config, report) if config is not None else ([], [])
+        return Verdict(self.name, self.label, self.refuses(report) + findings, notes, self.layout, self.reads)
+
+
+def draft_config(ckpt: Checkpoint, report: Report) -> DraftConfig | None:
+    """The draft's typed config for the engines' rules; None when validate found no DSpark or DFlash draft."""
+    if report.format == "unknown":
+        return None
+    return DraftConfig.from_dict(ckpt.config)
+
+
+@dataclass
+class CheckedPair:
+    target: str  # absolute path of a local folder, else the hub id
+    draft: str
+    report: Report
+    config: DraftConfig
+    target_config: dict
+    verdict: Verdict
+
+
+def checked_pair(request: ServeRequest, engine: Engine) -> CheckedPair:
+    """validate's header-only rules on the pair and the engine's verdict; DraftRefused when it refuses."""
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+    from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
+    from dspark_cli.runtime.checkpoint.target_files import check_target_files
+
+    target = model_path(request.target, "target", engine.label)
+    ckpt = open_checkpoint(request.draft)
+    target_config = read_target_config(request.target)
+    check_target_files(request.target, config=False)  # broken weight files: the engine would fail on them too
+    report = validate_checkpoint(ckpt, target_config)
+    config = draft_config(ckpt, report)
+    verdict = engine.verdict(report, config)
+    if verdict.refused:
+        raise DraftRefused(report, verdict.refused, request.target, engine.label)
+    return CheckedPair(target, model_path(request.draft, "draft", engine.label), report, config, target_config,
+                       verdict)
+
+
+def model_path(source: str, role: str, label: str) -> str:
+    """An existing local folder becomes an absolute path (the command works from any directory); a hub id stays."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if path.exists():
+        raise DsparkError(f"the {role} {source} is a file; {label} serves a model folder or a hub id, so pass the "
+                          "folder that holds config.json and the weights.")
+    return source
+
+
+def head_quantization(report: Report) -> str | None:
+    """The Markov head's storage when it is quantized (validate's resolved head_format), else None."""
+    head = report.resolved.get("head_format")
+    return head if head and head.startswith("nvfp4") else None
 
 
 class DraftRefused(DsparkError):

@@ -16,15 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 from typing import Any, NoReturn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
-from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
-from dspark_cli.runtime.checkpoint.rules import Report, validate_checkpoint
-from dspark_cli.runtime.checkpoint.target_files import check_target_files
-from dspark_cli.runtime.engines.seam import DraftRefused, Engine, ServePlan, ServeRequest
+from dspark_cli.runtime.checkpoint.rules import Report
+from dspark_cli.runtime.engines.seam import Engine, ServePlan, ServeRequest, checked_pair, head_quantization
 from dspark_cli.runtime.settings import resolve_block_size, resolve_draft_topk, trained_block_size
 
 VLLM = "vllm"
@@ -43,26 +40,20 @@ OWN_CODES = frozenset({"DSP012", "DSP040", "DSP041", "DSP042"})
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules on the pair, then the speculative config and the `vllm serve` argv."""
     check_request(request)
-    target = _model_path(request.target, "target")
-    ckpt = open_checkpoint(request.draft)
-    target_config = read_target_config(request.target)
-    check_target_files(request.target, config=False)  # broken weight files: vLLM would fail on them too
-    report = validate_checkpoint(ckpt, target_config)
-    refused = ENGINE.refuses(report)
-    if refused:
-        raise DraftRefused(report, refused, request.target, ENGINE.label)
-    config = DraftConfig.from_dict(ckpt.config)
-    draft = _model_path(request.draft, "draft")
-    spec, notes = speculative_config(config, draft, request)
-    notes += stateful_target_notes(target_config)
+    if request.calibration is not None:
+        raise DsparkError("vLLM reads no STS calibration file (it takes a survival threshold, the from-plan "
+                          "option); drop the calibration or serve with SGLang or TensorRT-LLM.")
+    pair = checked_pair(request, ENGINE)
+    spec, notes = speculative_config(pair.config, pair.draft, request)
+    notes += stateful_target_notes(pair.target_config)
     return ServePlan(
-        target=target,
-        draft=draft,
+        target=pair.target,
+        draft=pair.draft,
         speculative_config=spec,
-        argv=vllm_argv(target, spec, request.port, request.engine_args),
-        report=report,
-        trained_block_size=trained_block_size(config),
-        draft_quantization=_quantization(report),
+        argv=vllm_argv(pair.target, spec, request.port, request.engine_args),
+        report=pair.report,
+        trained_block_size=trained_block_size(pair.config),
+        draft_quantization=_quantization(pair.report),
         notes=notes,
     )
 
@@ -200,24 +191,15 @@ def _draft_topk(config: DraftConfig, requested: int | None, method: str) -> int 
 
 
 def _quantization(report: Report) -> str:
-    head = report.resolved.get("head_format")
-    if head and head.startswith("nvfp4"):
+    head = head_quantization(report)
+    if head:
         return (f"markov_w2 {head}: vLLM reads the quantization from the draft's quantization_config "
                 "(or hf_quant_config.json); the speculative config leaves 'quantization' unset")
     return "unquantized"
 
 
-def _model_path(source: str, role: str) -> str:
-    """An existing local folder becomes an absolute path (the command works from any directory); a hub id stays."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    if path.exists():
-        raise DsparkError(f"the {role} {source} is a file; vLLM serves a model folder or a hub id, so pass the "
-                          "folder that holds config.json and the weights.")
-    return source
-
-
 ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commits listed in docs/serve.md "
                 "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
-                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve)
+                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve,
+                layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
+                "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)")

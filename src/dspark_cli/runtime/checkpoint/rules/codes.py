@@ -2,7 +2,8 @@
 
 `CODES` is the single registry: code → (severity, title); docs/validate.md documents each code. Groups:
 DSP0xx config, DSP1xx vLLM load errors, DSP2xx tensors, DSP3xx NVFP4, DSP4xx files, DSP5xx read errors (raised
-as CheckpointError, exit 2), DSP6xx deep value checks.
+as CheckpointError, exit 2), DSP6xx deep value checks. `ENGINE_CODES` (DSP7xx) are the restrictions of one serving
+engine other than vLLM: evaluated by that engine's module (runtime/engines/), never by `validate_checkpoint`.
 """
 
 from __future__ import annotations
@@ -105,6 +106,21 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP604": (ERROR, "d2t maps two draft ids to one target id"),
     "DSP605": (ERROR, "NVFP4 block scales not finite and non-negative"),
     "DSP606": (ERROR, "NVFP4 weight_scale_2 not finite and positive"),
+}
+
+# Restrictions of one serving engine (runtime/engines/<engine>.py evaluates them on a sound draft): code -> (engine
+# label, title, hint). Always errors for that engine only; dspark's own runtime serves such a draft.
+ENGINE_CODES: dict[str, tuple[str, str, str]] = {
+    "DSP701": ("SGLang", "speculators-layout DSpark config (SGLang refuses it: slot shift)",
+               "serve it with vLLM, or convert the draft to DeepSpec's layout (slot k predicts anchor+k+1)"),
+    "DSP702": ("SGLang", "quantized Markov head (SGLang's markov_w2 is an unquantized nn.Linear)",
+               "serve the unquantized draft (before dspark quantize) with SGLang, or the NVFP4 one with vLLM"),
+    "DSP703": ("SGLang", "reduced draft vocabulary (SGLang drops the draft's lm_head and sizes markov_w2 to the "
+               "target vocabulary)", "serve it with vLLM, or train a full-vocabulary draft"),
+    "DSP704": ("SGLang", "draft without a Markov head (SGLang's DSPARK algorithm requires markov_rank > 0)",
+               "serve a DFlash draft with vLLM (method dflash)"),
+    "DSP711": ("TensorRT-LLM", "draft without a Markov head (dspark hands TensorRT-LLM DSpark drafts only)",
+               "serve a DFlash draft with vLLM (method dflash)"),
 }
 
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).

@@ -1,0 +1,123 @@
+"""Hand a checked target + draft pair to SGLang: its DSPARK speculative algorithm and the `sglang.launch_server` argv.
+
+    plan = ENGINE.plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))   # engines.engine("sglang")
+    plan.argv   # [python, "-m", "sglang.launch_server", "--model-path", T, "--speculative-algorithm", "DSPARK", ...]
+
+Every rule below was read from sgl-project/sglang (docs/engines.md lists them, with what is not verified):
+- python/sglang/srt/models/dspark.py @ 01f47623: `build_markov_head` builds vanilla, gated and rnn heads;
+  `DSparkDraftMixin.__init__` raises for a config with speculators_model_type "dspark" (slot k read one position
+  early: accept length ~1, sgl-project/sglang#30261) -> DSP701; `load_weights` skips `embed_tokens.` and `lm_head.`
+  (the target's are used) and raises for a Markov weight the unquantized nn.Linear head has no parameter for
+  (NVFP4 `weight_scale`...) -> DSP702; markov_w2 is sized to `vocab_size`, so a reduced draft vocabulary does not
+  load -> DSP703; `build_confidence_head` returns None under SGLANG_RAGGED_VERIFY_MODE=static.
+- python/sglang/srt/speculative/dspark_components/dspark_config.py @ 01f47623: markov_rank > 0 is required ->
+  DSP704; SUPPORTED_DSPARK_MARKOV_HEAD_TYPES = vanilla, gated, rnn.
+- python/sglang/srt/speculative/dspark_components/dspark_sts.py @ 9e16e2d0: the STS file is DSparkStsCalibration
+  JSON (`temperatures`, all > 0), what `dspark calibrate` writes.
+- the launch flags (--speculative-algorithm DSPARK, --speculative-draft-model-path, --speculative-dspark-block-size
+  = gamma, the draft tokens per round, --speculative-dspark-confidence-sts-path): ServerArgs in
+  python/sglang/srt/server_args.py (the DSPARK-only fields' help text).
+Gemma-4 drafts: models/dspark.py registers Qwen3DSparkModel only; whether another SGLang file serves
+Gemma4DSparkModel is not verified (source not found), so it is a note, not a refusal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.rules import Finding, Report
+from dspark_cli.runtime.engines.seam import (
+    Engine,
+    ServePlan,
+    ServeRequest,
+    checked_pair,
+    engine_finding,
+    head_quantization,
+)
+from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
+
+MODULE = "sglang.launch_server"
+INSTALL_HINT = ("SGLang is not installed for this Python (no importable `sglang`): on a CUDA machine run "
+                "`pip install sglang` (a release with the DSPARK speculative algorithm), then run the command above.")
+RESERVED_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
+                  "--speculative-dspark-block-size", "--speculative-num-draft-tokens",
+                  "--speculative-dspark-confidence-sts-path")
+
+
+def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
+    """SGLang's own refusals (DSP701-DSP704) and what it drops for this draft."""
+    findings, notes = [], []
+    if config.format == "speculators-dspark":
+        findings.append(engine_finding("DSP701", "the config has speculators_model_type 'dspark'; SGLang refuses "
+                                                 "it rather than read every block slot one position early."))
+    head = head_quantization(report)
+    if head:
+        findings.append(engine_finding("DSP702", f"markov_w2 is stored {head}; SGLang loads the Markov head into "
+                                                 "an unquantized layer and fails on its scale tensors."))
+    if config.reduced_vocab:
+        findings.append(engine_finding("DSP703", f"the draft predicts {config.draft_vocab_size} of "
+                                                 f"{config.vocab_size} ids; SGLang uses the target's lm_head and "
+                                                 "a full-vocabulary markov_w2."))
+    if not config.has_markov:
+        findings.append(engine_finding("DSP704", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    if "DSP104" not in report.codes or "DSP105" not in report.codes:
+        notes.append("SGLang drops the draft's own embed_tokens / lm_head and uses the target's.")
+    if config.enable_confidence_head:
+        notes.append("the confidence head is built only when SGLANG_RAGGED_VERIFY_MODE is not 'static' (the "
+                     "default); otherwise it and an STS file are unused (every drafted token is verified).")
+    if config.family == "gemma4":
+        notes.append("Gemma-4 draft: not verified that SGLang serves Gemma4DSparkModel (its models/dspark.py "
+                     "registers Qwen3DSparkModel only).")
+    return findings, notes
+
+
+def plan_serve(request: ServeRequest) -> ServePlan:
+    """validate's header-only rules and SGLang's verdict on the pair, then the `sglang.launch_server` argv."""
+    check_request(request)
+    pair = checked_pair(request, ENGINE)
+    block = resolve_block_size(pair.config, request.block_size)
+    flags = {"speculative_algorithm": "DSPARK", "speculative_draft_model_path": pair.draft,
+             "speculative_dspark_block_size": block}
+    if request.calibration is not None:
+        flags["speculative_dspark_confidence_sts_path"] = request.calibration
+    argv = [sys.executable, "-m", MODULE, "--model-path", pair.target]
+    for key, value in flags.items():
+        argv += ["--" + key.replace("_", "-"), str(value)]
+    if request.port is not None:
+        argv += ["--port", str(request.port)]
+    return ServePlan(target=pair.target, draft=pair.draft, speculative_config=flags,
+                     argv=argv + list(request.engine_args), report=pair.report,
+                     trained_block_size=trained_block_size(pair.config), draft_quantization="unquantized",
+                     notes=pair.verdict.notes, engine=ENGINE.name)
+
+
+def check_request(request: ServeRequest) -> None:
+    """What dspark does not hand to SGLang: settings it has no verified flag for, and flags dspark sets itself."""
+    if request.draft_topk is not None or request.confidence_threshold is not None:
+        raise DsparkError("SGLang takes no draft top-k or survival threshold from dspark (no such DSPARK server "
+                          "argument was verified); drop them, or serve with vLLM.")
+    if request.draft_sample_method != "probabilistic":
+        raise DsparkError("the draft sample method is a vLLM setting; drop it for SGLang.")
+    if request.port is not None and not 1 <= request.port <= 65535:
+        raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
+    for arg in request.engine_args:
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        if flag in RESERVED_FLAGS or (flag == "--port" and request.port is not None):
+            raise DsparkError(f"the extra SGLang arguments contain {flag}, which dspark sets itself; drop it.")
+
+
+def sglang_installed() -> bool:
+    """Whether this interpreter can import sglang (checked without importing it)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+ENGINE = Engine(
+    name="sglang", label="SGLang", own_codes=frozenset(), plan=plan_serve, rules=rules,
+    source="sgl-project/sglang python/sglang/srt/models/dspark.py and speculative/dspark_components/dspark_config.py "
+           "@ 01f47623, dspark_sts.py @ 9e16e2d0, server_args.py (docs/engines.md)",
+    layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
+    reads="the draft and target folders; an STS temperatures file (the calibration option)",
+)

@@ -1,0 +1,113 @@
+"""Hand a checked target + draft pair to TensorRT-LLM: the `speculative_config` YAML and the `trtllm-serve` argv.
+
+    plan = ENGINE.plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))   # engines.engine("trtllm")
+    plan.files   # {"dspark-trtllm.yaml": "speculative_config:\n  decoding_type: DSpark\n  ..."}
+    plan.argv    # ["trtllm-serve", T, "--extra_llm_api_options", "<files_dir>/dspark-trtllm.yaml"]
+
+Read from NVIDIA/TensorRT-LLM (docs/engines.md):
+- tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (module docstring): every `decoding_type: DSpark`
+  drafter is built there, embedded (DeepSeek-V4's mtp.*) or standalone; a standalone drafter is
+  GQADSparkForCausalLM, DFlash's block decode plus the Markov head, the confidence head and the shift_label
+  convention; its heads come from modeling_speculative.py (`build_markov_head`).
+- the YAML keys `decoding_type: DSpark`, `speculative_model`, `max_draft_len`, `confidence_sts_path`,
+  `enable_confidence_scheduling`: DSparkDecodingConfig as TensorRT-LLM's own tests and docs construct it
+  (tensorrt_llm/llmapi/llm_args.py itself is beyond what the search tools return: not read).
+Not verified (source not found or not attributable to NVIDIA/TensorRT-LLM), from the issue: standalone drafts take
+a vanilla Markov head only (refused here as DSP012, vLLM's code); the confidence head is loaded but not used for
+scheduling on main; NVFP4 markov_w2; Gemma-4 drafts. These are notes or marked so in docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.rules import Finding, Report
+from dspark_cli.runtime.engines.seam import (
+    Engine,
+    ServePlan,
+    ServeRequest,
+    checked_pair,
+    engine_finding,
+    head_quantization,
+)
+from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
+
+EXECUTABLE = "trtllm-serve"
+CONFIG_FILE = "dspark-trtllm.yaml"
+INSTALL_HINT = ("TensorRT-LLM is not installed here (no `trtllm-serve` on PATH): on a CUDA machine run "
+                "`pip install tensorrt_llm` (a release with decoding_type DSpark), then run the command above.")
+# vLLM's DSP012 (a gated or rnn Markov head): the issue says standalone TensorRT-LLM drafters are vanilla only.
+OWN_CODES = frozenset({"DSP012"})
+
+
+def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
+    """TensorRT-LLM's own refusal (DSP711) and what it drops or may not serve (unverified ones say so)."""
+    findings, notes = [], []
+    if not config.has_markov:
+        findings.append(engine_finding("DSP711", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    if config.enable_confidence_head:
+        notes.append("TensorRT-LLM loads the confidence head; it schedules verification with it only with "
+                     "enable_confidence_scheduling (not verified that main uses it).")
+    if head_quantization(report):
+        notes.append("NVFP4 markov_w2: not verified that a standalone TensorRT-LLM drafter loads it.")
+    if config.format.startswith("speculators"):
+        notes.append("speculators-format config: not verified how TensorRT-LLM maps its block slots.")
+    if config.family == "gemma4":
+        notes.append("Gemma-4 draft: not verified that TensorRT-LLM builds a standalone Gemma-4 drafter.")
+    return findings, notes
+
+
+def plan_serve(request: ServeRequest) -> ServePlan:
+    """validate's header-only rules and TensorRT-LLM's verdict, then the YAML and the `trtllm-serve` argv."""
+    check_request(request)
+    pair = checked_pair(request, ENGINE)
+    spec = {"decoding_type": "DSpark", "speculative_model": pair.draft,
+            "max_draft_len": resolve_block_size(pair.config, request.block_size)}
+    if request.calibration is not None:
+        spec["confidence_sts_path"] = request.calibration
+    config_path = str(Path(request.files_dir) / CONFIG_FILE)
+    argv = [EXECUTABLE, pair.target, "--extra_llm_api_options", config_path]
+    if request.port is not None:
+        argv += ["--port", str(request.port)]
+    return ServePlan(target=pair.target, draft=pair.draft, speculative_config=spec,
+                     argv=argv + list(request.engine_args), report=pair.report,
+                     trained_block_size=trained_block_size(pair.config),
+                     draft_quantization=head_quantization(pair.report) or "unquantized",
+                     notes=pair.verdict.notes, engine=ENGINE.name, files={CONFIG_FILE: yaml_text(spec)})
+
+
+def yaml_text(spec: dict) -> str:
+    """The extra LLM API options file: one `speculative_config` mapping (JSON scalars are YAML scalars)."""
+    lines = ["speculative_config:"] + [f"  {key}: {json.dumps(value)}" for key, value in spec.items()]
+    return "\n".join(lines) + "\n"
+
+
+def check_request(request: ServeRequest) -> None:
+    if request.draft_topk is not None or request.confidence_threshold is not None:
+        raise DsparkError("TensorRT-LLM takes no draft top-k or survival threshold from dspark; drop them, or "
+                          "serve with vLLM.")
+    if request.draft_sample_method != "probabilistic":
+        raise DsparkError("the draft sample method is a vLLM setting; drop it for TensorRT-LLM.")
+    if request.port is not None and not 1 <= request.port <= 65535:
+        raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
+    for arg in request.engine_args:
+        flag = arg.split("=", 1)[0]
+        if flag in ("--extra_llm_api_options", "--extra-llm-api-options") or (
+                flag == "--port" and request.port is not None):
+            raise DsparkError(f"the extra TensorRT-LLM arguments contain {flag}, which dspark sets itself; drop it.")
+
+
+def find_trtllm() -> str | None:
+    return shutil.which(EXECUTABLE)
+
+
+ENGINE = Engine(
+    name="trtllm", label="TensorRT-LLM", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
+    source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (docs/engines.md)",
+    layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a vanilla Markov head",
+    reads="the draft and target folders; an STS temperatures file (the calibration option), via the YAML",
+)

@@ -1,0 +1,116 @@
+"""SGLang's and TensorRT-LLM's verdicts on the factory's drafts, their --dry-run argv, and validate --engine all.
+
+Mutation checked: making sglang.rules accept speculators configs (dropping the DSP701 check) fails
+test_each_engine_verdict[speculators] with SGLang 'serves with losses' instead of 'refuses'."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
+from dspark_cli.runtime.engines import ENGINES
+from dspark_cli.runtime.engines.seam import draft_config
+from ckpt_factory import (
+    DraftSpec,
+    speculators_config,
+    write_draft,
+    write_folder,
+    draft_tensors,
+    write_nvfp4_draft,
+    write_target_config,
+)
+
+runner = CliRunner()
+S = DraftSpec()
+
+
+def verdicts(draft, target):
+    ckpt = open_checkpoint(str(draft))
+    report = validate_checkpoint(ckpt, read_target_config(str(target)))
+    config = draft_config(ckpt, report)
+    return {name: e.verdict(report, config) for name, e in ENGINES.items()}
+
+
+DRAFTS = {
+    "default": (lambda p: write_draft(p, S), {"vllm": "serves", "sglang": "serves with losses",
+                                             "trtllm": "serves with losses"}),
+    "gated": (lambda p: write_draft(p, S.with_(markov_head_type="gated")), {"vllm": "refuses", "sglang":
+              "serves with losses", "trtllm": "refuses"}),
+    "rnn": (lambda p: write_draft(p, S.with_(markov_head_type="rnn")), {"vllm": "refuses", "sglang":
+            "serves with losses", "trtllm": "refuses"}),
+    "speculators": (lambda p: write_folder(p, speculators_config(S), draft_tensors(S)),
+                    {"vllm": "serves", "sglang": "refuses", "trtllm": "serves with losses"}),
+    "nvfp4": (lambda p: write_nvfp4_draft(p, S), {"vllm": "serves", "sglang": "refuses",
+                                                "trtllm": "serves with losses"}),
+    "gemma4": (lambda p: write_draft(p, S.with_(family="gemma4")), None),
+}
+CODES = {("gated", "vllm"): ["DSP012"], ("gated", "trtllm"): ["DSP012"], ("rnn", "vllm"): ["DSP012"],
+         ("speculators", "sglang"): ["DSP701"], ("nvfp4", "sglang"): ["DSP702"]}
+
+
+@pytest.mark.parametrize("kind", DRAFTS)
+def test_each_engine_verdict(tmp_path, kind):
+    make, expected = DRAFTS[kind]
+    spec = S.with_(family="gemma4") if kind == "gemma4" else S
+    got = verdicts(make(tmp_path / "d"), write_target_config(tmp_path / "t", spec))
+    if expected is None:  # Gemma-4: SGLang and TensorRT-LLM are unverified, so never a silent "serves"
+        assert got["sglang"].status != "serves" and got["trtllm"].status != "serves"
+        assert any("not verified" in n for n in got["sglang"].notes + got["trtllm"].notes)
+        return
+    assert {name: v.status for name, v in got.items()} == expected
+    for (draft, name), codes in CODES.items():
+        if draft == kind:
+            assert [f.code for f in got[name].refused] == codes
+
+
+def dry_run(tmp_path, engine, *args):
+    draft = write_draft(tmp_path / "d", S)
+    target = write_target_config(tmp_path / "t", S)
+    result = runner.invoke(app, ["serve", "-t", str(target), "-d", str(draft), "--engine", engine, "--json", "-",
+                                 *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), draft, target
+
+
+def test_sglang_dry_run_argv(tmp_path):
+    sts = tmp_path / "sts.json"
+    sts.write_text(json.dumps({"temperatures": [1.0] * 4}))
+    doc, draft, target = dry_run(tmp_path, "sglang", "--calibration", str(sts), "--port", "30000")
+    assert doc["argv"] == [sys.executable, "-m", "sglang.launch_server", "--model-path", str(target.resolve()),
+                           "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                           str(draft.resolve()), "--speculative-dspark-block-size", "4",
+                           "--speculative-dspark-confidence-sts-path", str(sts.resolve()), "--port", "30000"]
+
+
+def test_trtllm_dry_run_argv_and_yaml_beside_the_json(tmp_path):
+    doc, draft, target = dry_run(tmp_path, "trtllm")
+    assert doc["argv"] == ["trtllm-serve", str(target.resolve()), "--extra_llm_api_options", "dspark-trtllm.yaml"]
+    assert doc["files"]["dspark-trtllm.yaml"] == (f'speculative_config:\n  decoding_type: "DSpark"\n'
+                                                  f'  speculative_model: "{draft.resolve()}"\n  max_draft_len: 4\n')
+    out = tmp_path / "o" / "plan.json"
+    out.parent.mkdir()
+    result = runner.invoke(app, ["serve", "-t", str(target), "-d", str(draft), "--engine", "trtllm", "--json",
+                                 str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out.parent / "dspark-trtllm.yaml").read_text() == doc["files"]["dspark-trtllm.yaml"]
+    assert json.loads(out.read_text())["argv"][-1] == str(out.parent / "dspark-trtllm.yaml")
+
+
+def test_validate_engine_all_json(tmp_path):
+    draft = write_draft(tmp_path / "d", S.with_(markov_head_type="gated"))
+    target = write_target_config(tmp_path / "t", S)
+    result = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "all", "--json", "-"])
+    doc = json.loads(result.stdout)
+    assert {k: (v["verdict"], v["codes"]) for k, v in doc["engines"].items()} == {
+        "vllm": ("refuses", ["DSP012"]), "sglang": ("serves with losses", []), "trtllm": ("refuses", ["DSP012"])}
+    assert result.exit_code == doc["exit_code"] == 0  # one engine serves it
+    single = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "trtllm", "--json", "-"])
+    assert single.exit_code == 1
+    plain = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--json", "-"])
+    assert "engines" not in json.loads(plain.stdout) and plain.exit_code == 1  # default: today's vLLM report
