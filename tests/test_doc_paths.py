@@ -17,7 +17,7 @@ FOREIGN = ("vllm/", "sglang/", "tensorrt_llm/", "deepspec/", "transformers/", "m
            "python/sglang", "src/speculators", "examples/", "common/", "conversion/", "src/models", "model_executor",
            "v1/", "llm_args", "_torch/", "gguf", "models/", "huggingface", "torch/", "specforge/", "benchmark/",
            # other repositories' files the docs cite (DeepSpec, SGLang, z-lab DFlash, SpecForge)
-           "dspark_components/", "config/dspark/", "dflash/", "configs/", "scripts/gates/", "docs/user_guide/",
+           "dspark_components/", "speculative/", "config/dspark/", "dflash/", "configs/", "scripts/gates/", "docs/user_guide/",
            "qwen3/config.py", "gemma4/config.py", "build/")
 
 
