@@ -322,3 +322,8 @@ def test_a_folder_name_that_is_not_utf8_is_named_not_the_file(pair, tmp_path, wh
     text = " ".join(result.output.split())
     assert f"{which} {tmp_path}/folder-\\xff\\xfe has a name that is not valid UTF-8" in text
     assert "the files themselves may be fine" in text
+
+
+def test_a_prompt_that_is_not_utf8_is_one_sentence():
+    result = generate("caf\udce9")  # the shell's bytes b"caf\xe9" (Latin-1), as Python receives them
+    assert result.exit_code == 2 and "is not valid UTF-8" in result.output and "Traceback" not in result.output

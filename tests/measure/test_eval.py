@@ -261,6 +261,20 @@ def test_the_largest_seed_runs_every_prompt(tmp_path):
     assert len(json.loads(run_file.read_text())["results"]) == 2
 
 
+def test_resume_with_data_may_add_sets_but_not_drop_one_with_results(tmp_path):
+    run_file = tmp_path / "run.json"
+    code, prose = map(str, ev.SHIPPED_SETS)
+    assert eval_cli("--data", code, "--limit", "1", "--max-new-tokens", "4", "--json", str(run_file)).exit_code == 0
+    before = run_file.read_text()
+    dropped = eval_cli("--resume", str(run_file), "--data", prose)
+    assert dropped.exit_code == 2 and "finished prompts of the set eval_code" in dropped.output
+    assert run_file.read_text() == before  # untouched
+    added = eval_cli("--resume", str(run_file), "--data", code, "--data", prose)
+    assert added.exit_code == 0, added.output
+    run = ev.EvalRun.load(run_file)  # still a run file dspark reads
+    assert [s.name for s in run.sets] == ["eval_code", "eval_prose"] and len(run.results) == 2
+
+
 def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
     run_file = tmp_path / "run.json"
     calls = []

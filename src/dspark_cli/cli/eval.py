@@ -106,7 +106,9 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
         _check_resume_calibration(run.settings["calibration"], o.calibration, o.resume)
         settings = dict(run.settings)
         if o.data:  # Typer gives an empty list when --data is not passed
-            run.sets = [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in o.data]
+            given_sets = [ev.read_prompt_set(p, settings["limit"], settings["seed"]) for p in o.data]
+            _check_resumed_sets(run, given_sets, o.resume)
+            run.sets = given_sets
         sets = run.sets
         json_path = json_path or o.resume
     else:
@@ -260,6 +262,23 @@ def _check_resume_calibration(stored: dict | None, given: Path | None, path: Pat
         was = "without --calibration" if stored is None else f"with --calibration {stored['path']}"
         raise DsparkError(f"{path} was run {was}, not with --calibration {given}; drop --calibration to resume with "
                           "the stored temperatures, or start a new run.")
+
+
+def _check_resumed_sets(run, given: list, path: Path) -> None:
+    """--data on a resumed run may add prompt sets, never drop or change one with finished prompts: their results
+    would no longer belong to any set of the run file."""
+    from dspark_cli.errors import DsparkError
+
+    by_name = {s.name: s for s in given}
+    for prompt_set in run.sets:
+        if not run.results_of(prompt_set):
+            continue
+        now = by_name.get(prompt_set.name)
+        if now is None or now.prompts != prompt_set.prompts:
+            how = "is not among the given prompt sets" if now is None else "holds other prompts now"
+            raise DsparkError(f"{path} has finished prompts of the set {prompt_set.name} ({prompt_set.path}), which "
+                              f"{how}; give it again with the other sets, or drop --data to resume on the "
+                              "stored sets.")
 
 
 def _check_resume(stored: dict, given: dict, path: Path) -> None:

@@ -146,6 +146,12 @@ def _prompt_texts(prompt: Optional[str], prompts: Optional[Path]) -> list[str]:
         texts += read_prompts(prompts)
     if any(not text for text in texts):
         raise DsparkError("a prompt is empty; give some text.")
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as surrogates)
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise DsparkError(f"the prompt {shown[:80]!r} is not valid UTF-8; give it as UTF-8 text.") from None
     return texts
 
 
