@@ -94,3 +94,16 @@ def test_two_outputs_naming_one_new_file_are_refused(tmp_path, command):
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "is the --" in words(result.output) and not same.exists(), words(result.output)
+
+
+@pytest.mark.parametrize("command", [["validate", "DRAFT", "--target", "DRAFT"],
+                                     ["bench", "verify", "--target", "DRAFT", "--tokens", "2"],
+                                     ["generate", "hi", "--target", "DRAFT", "--draft", "DRAFT"],
+                                     ["serve", "--target", "DRAFT", "--draft", "DRAFT", "--dry-run"]])
+def test_a_draft_given_as_the_target_is_refused(tmp_path, command):
+    """Every command that reads a target's config.json refuses a draft checkpoint there (bench verify timed it,
+    exit 0)."""
+    draft = write_draft(tmp_path / "draft", DraftSpec())
+    result = runner.invoke(app, [str(draft) if arg == "DRAFT" else arg for arg in command])
+    assert result.exit_code == 2, result.output
+    assert "is a draft checkpoint" in words(result.output), words(result.output)[-400:]

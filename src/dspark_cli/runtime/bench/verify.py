@@ -40,9 +40,12 @@ def verify_costs(target: str, draft: str | None, device: torch.device, dtype: to
     """Load the target (`TargetModel`, capturing the hidden states `draft` reads, as a round does; else layer 1)
     and time its score pass (`time_verify`)."""
     from dspark_cli.runtime.checkpoint.config import DraftConfig
-    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+    from dspark_cli.runtime.checkpoint.target_files import check_target_files
     from dspark_cli.runtime.model.target import TargetModel
 
+    read_target_config(target)  # a draft given as the target is refused here, before anything loads
+    check_target_files(target)
     indices = [1]
     if draft is not None:
         indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices

@@ -141,7 +141,26 @@ def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
             f"target {source} is neither a model folder, a config.json nor a Hugging Face hub id; check the target "
             "path or id.",
         )
-    return _config_object(read_json(config_path, "target config.json"), config_path)
+    config = _config_object(read_json(config_path, "target config.json"), config_path)
+    if is_draft_config(config):
+        raise CheckpointError("DSP500", f"target {source} is a draft checkpoint ({_kind_of_draft(config)}), not the "
+                                        "model it drafts for; give the target model as the target.")
+    return config
+
+
+DRAFT_KEYS = ("dspark_config", "dflash_config", "speculators_model_type")  # keys only a draft's config.json has
+
+
+def is_draft_config(config: dict[str, Any]) -> bool:
+    """Whether a config.json is a DSpark / DFlash draft's (DeepSpec, z-lab, SpecForge or speculators layout)."""
+    architectures = config.get("architectures") or []
+    named = any(isinstance(a, str) and ("DSpark" in a or "DFlash" in a) for a in architectures)
+    return named or any(key in config for key in DRAFT_KEYS)
+
+
+def _kind_of_draft(config: dict[str, Any]) -> str:
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    return ", ".join(architectures) or next(key for key in DRAFT_KEYS if key in config)
 
 
 @contextlib.contextmanager
