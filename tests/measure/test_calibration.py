@@ -221,3 +221,20 @@ def test_generate_takes_the_calibration_and_keeps_its_tokens(tmp_path):
     short.write_text(json.dumps({"temperatures": [1.0, 1.0]}))
     refused = runner.invoke(app, ["generate", "x", "--calibration", str(short)])
     assert refused.exit_code == 2 and "has 2 temperatures but the block has 7 positions" in refused.output
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("command", ["calibrate", "plan"])
+def test_a_non_finite_confidence_logit_is_one_sentence_naming_the_round(demo_runs, tmp_path, bad, command):
+    """A run file keeps a broken head's NaN / inf logits; fitting or replaying them is refused, naming file and
+    round (was IndexError / 'cannot convert float NaN to integer', or a silent fit on inf)."""
+    doc = json.loads(demo_runs[0].read_text())
+    doc["results"][1]["rounds"][2]["confidence_logits"][3] = bad
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(doc))
+    args = [command, str(broken)] + (["-o", str(tmp_path / "sts.json")] if command == "calibrate" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    prompt = doc["results"][1]
+    where = f"broken.json: round 3 of prompt {prompt['index'] + 1} of {prompt['set_name']} has a confidence logit"
+    assert where in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -29,6 +29,7 @@ from typing import Sequence
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.metrics import ECE_BINS, Calibration, calibration
+from dspark_cli.runtime.measure.run_file import finite_logits, round_place
 from dspark_cli.runtime.rounds import sigmoid
 
 STS_FORMAT = "dspark-sts/1"
@@ -193,11 +194,13 @@ def rounds_of(results, source: str) -> Rounds:
     """The calibration data of a run's PromptResults; DsparkError for rounds without raw logits (older runs)."""
     data = Rounds([], [], [])
     for result in results:
-        for r in result.rounds:
-            if r.get("confidence_logits") is None:
+        for number, r in enumerate(result.rounds):
+            logits = finite_logits(r, round_place(source, result, number))
+            if logits is None:
                 raise DsparkError(f"{source} has rounds without raw confidence logits (a draft without a confidence "
-                                  "head, or a run file from an older dspark); run `dspark eval` with the json option again.")
-            data.logits.append(r["confidence_logits"])
+                                  "head, or a run file from an older dspark); run `dspark eval` with the json option "
+                                  "again.")
+            data.logits.append(logits)
             data.verified.append(r["proposed"])
             data.accepted.append(r["accepted"])
     return data

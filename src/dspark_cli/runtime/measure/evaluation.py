@@ -179,6 +179,7 @@ class EvalRun:
     results: list[PromptResult] = field(default_factory=list)
     encoded: list[tuple[PromptResult, str]] = field(default_factory=list, init=False, repr=False, compare=False)
     # (result, its JSON line) as of the last save
+    source: str = field(default="the run", compare=False)  # the file it was loaded from, for messages
 
     def key(self, set_name: str, index: int, prompt: str) -> tuple[str, int, str]:
         return set_name, index, prompt
@@ -230,7 +231,7 @@ class EvalRun:
         sets = [PromptSet(**s) for s in doc["sets"]]
         results = [PromptResult(**r) for r in doc["results"]]
         settings = {"calibration": None, **doc["settings"]}  # runs before dspark-eval/2 had no calibration
-        run = cls(settings, sets, results)
+        run = cls(settings, sets, results, source=str(path))
         for result in results:
             try:
                 result.stats()

@@ -34,6 +34,7 @@ from typing import Sequence
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.io.reading import read_json_file
 from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
+from dspark_cli.runtime.measure.run_file import finite_logits, round_place
 from dspark_cli.runtime.rounds import scored_length, sigmoid
 
 PLAN_FORMAT = "dspark-plan/1"
@@ -123,11 +124,11 @@ class Row:
                 "round_ms": self.round_ms}
 
 
-def rounds_of_result(result) -> list[Round]:
-    """A PromptResult's rounds as Rounds."""
+def rounds_of_result(result, source: str = "the run") -> list[Round]:
+    """A PromptResult's rounds as Rounds (DsparkError naming the round for a NaN or infinite logit)."""
     rounds = []
-    for r in result.rounds:
-        logits = r.get("confidence_logits")
+    for number, r in enumerate(result.rounds):
+        logits = finite_logits(r, round_place(source, result, number))
         overhead = sum(r.get(key, 0.0) for key in ("draft_backbone", "markov", "other"))
         rounds.append(Round(None if logits is None else tuple(logits), r["drafted"], r["proposed"], r["accepted"],
                             r["emitted"] == r["accepted"], overhead))
@@ -177,7 +178,7 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
         by_block.setdefault(run.settings["block_size"], []).append(run)
     block = max(by_block)
     base = by_block.pop(block)
-    prompts = [rounds_of_result(result) for run in base for result in run.results]
+    prompts = [rounds_of_result(result, run.source) for run in base for result in run.results]
     if not any(prompts):
         raise DsparkError("the runs hold no rounds to replay; run `dspark eval` with the json option on some prompts first.")
     has_logits = all(r.logits is not None for rounds in prompts for r in rounds)
@@ -214,7 +215,7 @@ def _measured_prompts(measured: list, base: list, k: int, block: int) -> list[li
         raise DsparkError(f"the runs of block size {k} hold other prompts than the block-{block} runs "
                           f"({len(keys)} against {len(base_keys)}, {len(keys ^ base_keys)} not in both); run "
                           f"`dspark eval` with the block-size option {k} on the same prompt sets and settings.")
-    return [rounds_of_result(result) for run in measured for result in run.results]
+    return [rounds_of_result(result, run.source) for run in measured for result in run.results]
 
 
 def recommend(rows: list[Row], kinds: Sequence[str] = VLLM_RULES) -> Row | None:

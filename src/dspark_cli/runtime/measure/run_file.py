@@ -237,3 +237,19 @@ def _check_round(c: _Checker, round_: Any, where: str, block: int | None) -> Non
     for key in ROUND_TIMES:
         if key in r:
             c.number(r[key], f"{where}.{key}")
+
+
+def finite_logits(round_: dict, where: str) -> list[float] | None:
+    """A recorded round's raw confidence logits (None when the run has none). A run file keeps NaN / inf from a
+    broken confidence head (the report says so); what fits or replays them refuses it here, in one sentence."""
+    logits = round_.get("confidence_logits")
+    bad = next((x for x in logits or () if not math.isfinite(x)), None)
+    if bad is not None:
+        raise DsparkError(f"{where} has a confidence logit {bad} (a broken confidence head); calibrating and planning "
+                          "need finite logits: fix the draft's confidence head and run the evaluation again.")
+    return logits
+
+
+def round_place(source: str, result, number: int) -> str:
+    """Where a round is: 'run.json: round 3 of prompt 2 of eval_code'."""
+    return f"{source}: round {number + 1} of prompt {result.index + 1} of {result.set_name}"
