@@ -121,8 +121,10 @@ def test_only_verified_positions_are_pairs():
     data = sts.Rounds([[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]], verified=[1, 3], accepted=[1, 0])
     per_position = sts.survival_calibration(data, [1.0] * 3, 3)
     assert [c.count for c in per_position] == [2, 1, 1]
-    with pytest.raises(DsparkError, match="position 2 of the block was never verified"):
-        sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2)
+    with pytest.raises(DsparkError, match="position 2 of the block was never verified .*ended before it"):
+        sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2)  # not blamed on a threshold the runs never used
+    with pytest.raises(DsparkError, match="position 2 .*their confidence threshold cut every round"):
+        sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2, threshold_cut=True)
 
 
 def test_temperature_files_of_both_engines_load_and_bad_ones_are_one_sentence(tmp_path):

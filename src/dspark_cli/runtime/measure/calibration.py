@@ -95,9 +95,10 @@ def temperature_grid() -> list[float]:
     return [GRID_LOW * math.exp(step * i) for i in range(GRID_SIZE)]
 
 
-def fit_sts(rounds: Rounds, block_size: int) -> list[float]:
+def fit_sts(rounds: Rounds, block_size: int, threshold_cut: bool = False) -> list[float]:
     """The STS temperatures T_1..T_N, left to right (see the module docstring). DsparkError when a position was
-    never verified (no outcome to fit)."""
+    never verified (no outcome to fit); threshold_cut: the runs cut verification with a confidence threshold (then
+    the message names that cause)."""
     import torch
 
     logits = torch.tensor(rounds.logits, dtype=torch.float64)  # [R, N]
@@ -110,8 +111,11 @@ def fit_sts(rounds: Rounds, block_size: int) -> list[float]:
     for j in range(block_size):
         rows = verified[:, j]
         if not rows.any():
+            cause = ("their confidence threshold cut every round before it; use runs without the "
+                     "confidence-threshold option" if threshold_cut else "every round ended before it (a rejection "
+                     "or a stop token); calibrate on more prompts or longer generations")
             raise DsparkError(f"position {j + 1} of the block was never verified in the runs, so it has no outcome "
-                              "to calibrate against; use runs without the confidence-threshold option.")
+                              f"to calibrate against: {cause}.")
         ece = torch.stack([_ece(survival[rows] * torch.sigmoid(logits[rows, j] / t), outcome[rows, j]) for t in grid])
         best = min(range(len(grid)), key=lambda g: (float(ece[g]), float(preference[g])))
         temperatures.append(float(grid[best]))
@@ -230,9 +234,10 @@ def fit_runs(runs: list, names: list[str], fraction: float = HOLDOUT_FRACTION, s
         return data
 
     fitting, held = gather(fit_keys), gather(held_keys)
-    temperatures = fit_sts(fitting, block)
+    threshold_cut = any(run.settings.get("confidence_threshold") is not None for run in runs)
+    temperatures = fit_sts(fitting, block, threshold_cut)
     notes = []
-    if any(run.settings.get("confidence_threshold") is not None for run in runs):
+    if threshold_cut:
         notes.append("some runs cut verification with a confidence threshold: the positions the cut skipped have no "
                      "outcome and are left out, which biases the fit; calibrate on runs without "
                      "the confidence-threshold option.")
