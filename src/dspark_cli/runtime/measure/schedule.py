@@ -47,8 +47,8 @@ SCHEDULERS = ("paper", "paper-production", "sglang", "trtllm", "vllm", "fixed-k"
 CONFIDENCE_SCHEDULERS = SCHEDULERS[:5]
 THRESHOLDS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 SGLANG_LAG = 2  # SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS = EnvInt(2) in python/sglang/srt/environ.py
-SGLANG_SETTING = ("SGLang: SGLANG_RAGGED_VERIFY_MODE=compact, --speculative-dspark-sps-table-path TABLE, "
-                  "--speculative-dspark-confidence-sts-path STS")
+SGLANG_SETTING = ("SGLang: SGLANG_RAGGED_VERIFY_MODE=compact; ServerArgs speculative_dspark_sps_table_path = TABLE, "
+                  "speculative_dspark_confidence_sts_path = STS")
 
 
 @dataclass(frozen=True)
