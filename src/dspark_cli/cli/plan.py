@@ -17,9 +17,9 @@ and verified tokens per round, and with --costs (the table of `dspark bench veri
 1. Runs of a smaller --block-size on the same prompts are measured, not replayed, and stand in for that k.
 Recommends k or a threshold and prints the matching `vllm serve --speculative-config` fields; `dspark serve
 --from-plan FILE` takes them. With --concurrency 1,8,32 the rounds are replayed instead at C requests at a time
-through the engines' batch verify schedulers (--scheduler paper|paper-production|sglang|trtllm|vllm|fixed-k|threshold|all;
---costs an SGLang SPS table, a TensorRT-LLM cost table, or at concurrency 1 `bench verify`'s): tokens/s, per-request
-tokens/s and verify tokens per step, and what to set in which engine. Which figures are exact and which are
+through the engines' batch verify schedulers (--scheduler paper, paper-production, sglang, trtllm, vllm, fixed-k,
+threshold or all; --costs an SGLang SPS table, a TensorRT-LLM cost table, or at concurrency 1 `bench verify`'s):
+tokens/s, per-request tokens/s and verify tokens per step, and what to set in which engine. Which figures are exact and which are
 estimates: docs/eval.md."""
 
 

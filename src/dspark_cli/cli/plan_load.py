@@ -23,7 +23,8 @@ def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs:
     loads = parse_concurrency(concurrency)
     names = schedule.SCHEDULERS if scheduler == "all" else (scheduler,)
     if scheduler != "all" and scheduler not in schedule.SCHEDULERS:
-        raise DsparkError(f"the scheduler option takes one of {', '.join(schedule.SCHEDULERS)} or all, not {scheduler!r}.")
+        raise DsparkError(f"the scheduler option takes one of {', '.join(schedule.SCHEDULERS)} or all, not "
+                          f"{scheduler!r}.")
     if costs is None:
         raise DsparkError("the concurrency option needs a cost table of the batch sizes it replays: give one with "
                           "the costs option (an SGLang SPS table or a TensorRT-LLM cost table).")
@@ -50,7 +51,8 @@ def parse_concurrency(text: str) -> list[int]:
     """'1,8,32' -> [1, 8, 32]: distinct integers from 1 to MAX_CONCURRENCY, in the order given."""
     parts = [p.strip() for p in text.split(",")]
     values = [int(p) for p in parts if p.isdigit()]
-    if len(values) != len(parts) or not all(1 <= v <= MAX_CONCURRENCY for v in values) or len(set(values)) < len(values):
+    if (len(values) != len(parts) or not all(1 <= v <= MAX_CONCURRENCY for v in values)
+            or len(set(values)) < len(values)):
         raise DsparkError(f"the concurrency option takes distinct integers from 1 to {MAX_CONCURRENCY} separated by "
                           f"commas, like 1,8,32; not {text!r}.")
     return values

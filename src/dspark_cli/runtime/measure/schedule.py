@@ -22,7 +22,8 @@ each request's floor), Θ(n) = τ(n) / T(R, R·(1 + floor) + n), τ(n) = R + the
   takes the global argmax of Θ (first on ties) over n = 0..all, floor 0 (`min_verify_len` 1 counts the anchor),
   from survivals `SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS` (default 2) steps old, requests newer than that at 1
   (`_two_steps_prior_survival`); `schedule_verify_lens_topk_from_survival` allocates the budget on the current
-  survivals (kernels/ops/speculative/dspark/dspark_schedule.py). SGLang also drops candidates below 1e-6; not here.
+  survivals (python/sglang/kernels/ops/speculative/dspark/dspark_schedule.py). SGLang also drops candidates
+  below 1e-6; not here.
 - trtllm (a TensorRT-LLM fork's `plan_dynamic_verifier_budget`, read: argmax preferring the larger budget on ties,
   the full block kept unless the best Θ >= Θ(full)·(1 + minimum_predicted_gain), current confidences inside the
   draft graph, so lag 0); the floor of one draft token per request comes from the brief.
@@ -251,7 +252,8 @@ def plan_loads(runs: list, cost: CostTable, concurrencies: Sequence[int], names:
     prompts = [replay.rounds_of_result(result) for run in runs if run.settings["block_size"] == block
                for result in run.results]
     if not any(prompts):
-        raise DsparkError("the runs hold no rounds to replay; run `dspark eval` with the json option on some prompts first.")
+        raise DsparkError("the runs hold no rounds to replay; run `dspark eval` with the json option on some "
+                          "prompts first.")
     if cost.batch_one and max(concurrencies) > 1:
         raise DsparkError(f"the {cost.kind} times one request per step; give an SGLang or TensorRT-LLM cost table "
                           "measured at the batch sizes of the concurrency option.")
