@@ -19,8 +19,8 @@ Recommends k or a threshold and prints the matching `vllm serve --speculative-co
 --from-plan FILE` takes them. With --concurrency 1,8,32 the rounds are replayed instead at C requests at a time
 through the engines' batch verify schedulers (--scheduler paper, paper-production, sglang, trtllm, vllm, fixed-k,
 threshold or all; --costs an SGLang SPS table, a TensorRT-LLM cost table, or at concurrency 1 `bench verify`'s):
-tokens/s, per-request tokens/s and verify tokens per step, and what to set in which engine. Which figures are exact and which are
-estimates: docs/eval.md."""
+tokens/s, per-request tokens/s and verify tokens per step, and what to set in which engine. Which figures are
+exact and which are estimates: docs/eval.md."""
 
 
 def register(app: typer.Typer) -> None:
