@@ -16,7 +16,11 @@ sweep of confidence thresholds (survival and per-slot rules, raw and, with --cal
 and verified tokens per round, and with --costs (the table of `dspark bench verify`) the predicted tokens/s at batch
 1. Runs of a smaller --block-size on the same prompts are measured, not replayed, and stand in for that k.
 Recommends k or a threshold and prints the matching `vllm serve --speculative-config` fields; `dspark serve
---from-plan FILE` takes them. Which figures are exact and which are estimates: docs/eval.md."""
+--from-plan FILE` takes them. With --concurrency 1,8,32 the rounds are replayed instead at C requests at a time
+through the engines' batch verify schedulers (--scheduler paper, paper-production, sglang, trtllm, vllm, fixed-k,
+threshold or all; --costs an SGLang SPS table, a TensorRT-LLM cost table, or at concurrency 1 `bench verify`'s):
+tokens/s, per-request tokens/s and verify tokens per step, and what to set in which engine. Which figures are
+exact and which are estimates: docs/eval.md."""
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +40,10 @@ def plan(
                                        "serve --from-plan`)."),
     force: options.force("Replace FILE if it exists.") = False,
     json_path: options.json_path("the plan") = None,
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", metavar="C,C...", help="Replay at these "
+                                              "numbers of concurrent requests through the engines' schedulers."),
+    scheduler: str = typer.Option("all", "--scheduler", metavar="NAME", help="With --concurrency: paper, "
+                                  "paper-production, sglang, trtllm, vllm, fixed-k, threshold or all."),
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
@@ -49,6 +57,11 @@ def plan(
     if out is not None and out.exists() and not force:
         raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
     loaded = [EvalRun.load(path) for path in runs]
+    if concurrency is not None:
+        from dspark_cli.cli import plan_load
+
+        plan_load.run(loaded, runs, concurrency, scheduler, costs, calibration, out, json_path)
+        return
     table = replay.read_costs(costs) if costs is not None else None
     temperatures = load_temperatures(calibration) if calibration is not None else None
     block, rows, notes = replay.replay_runs(loaded, table, temperatures)

@@ -26,13 +26,13 @@ stands in for the replayed "verify k = k" row when the recommendation is chosen.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.io.reading import read_json_file
+from dspark_cli.runtime.measure.costs import batch_one_ms
 from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
 from dspark_cli.runtime.measure.run_file import finite_logits, round_place
 from dspark_cli.runtime.rounds import scored_length, sigmoid
@@ -252,16 +252,7 @@ def read_costs(path: Path) -> dict[int, float]:
     """tokens -> milliseconds of one target pass, from `dspark bench verify --json` or a user's table of the same
     shape ({"tokens": [1, 2, ...], "ms": [...]}). DsparkError in one sentence for anything else."""
     doc = read_json_file(path, "verify-cost table", MAX_COSTS_BYTES, "give the JSON of `dspark bench verify`")
-    tokens = doc.get("tokens") if isinstance(doc, dict) else None
-    ms = doc.get("ms") if isinstance(doc, dict) else None
-    good = (isinstance(tokens, list) and isinstance(ms, list) and tokens and len(tokens) == len(ms)
-            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in tokens)
-            and len(set(tokens)) == len(tokens)
-            and all(isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m > 0 for m in ms))
-    if not good:
-        raise DsparkError(f"{path} needs 'tokens' (distinct integers >= 1) and 'ms' (one time above 0 per entry) "
-                          "lists of the same length, as `dspark bench verify` writes with the json option.")
-    return dict(zip(tokens, (float(m) for m in ms)))
+    return batch_one_ms(doc, path)
 
 
 @dataclass

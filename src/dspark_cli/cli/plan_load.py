@@ -1,0 +1,72 @@
+"""`dspark plan --concurrency`: the recorded rounds through the engines' batch verify schedulers, a table per load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.cli import options, render
+from dspark_cli.errors import DsparkError
+
+MAX_CONCURRENCY = 4096
+
+
+def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs: Optional[Path],
+        calibration: Optional[Path], out: Optional[Path], json_path: Optional[Path]) -> None:
+    from dspark_cli.runtime.measure import schedule
+    from dspark_cli.runtime.measure.calibration import load_temperatures
+    from dspark_cli.runtime.measure.costs import read_cost_table
+
+    loads = parse_concurrency(concurrency)
+    names = schedule.SCHEDULERS if scheduler == "all" else (scheduler,)
+    if scheduler != "all" and scheduler not in schedule.SCHEDULERS:
+        raise DsparkError(f"the scheduler option takes one of {', '.join(schedule.SCHEDULERS)} or all, not "
+                          f"{scheduler!r}.")
+    if costs is None:
+        raise DsparkError("the concurrency option needs a cost table of the batch sizes it replays: give one with "
+                          "the costs option (an SGLang SPS table or a TensorRT-LLM cost table).")
+    if out is not None:
+        raise DsparkError("the output option writes a plan for `dspark serve --from-plan`, which is for batch 1; "
+                          "leave it out with the concurrency option and use the json option.")
+    cost = read_cost_table(costs)
+    temperatures = load_temperatures(calibration) if calibration is not None else None
+    block, rows, notes = schedule.plan_loads(loaded, cost, loads, names, temperatures)
+    plan = schedule.LoadPlan([str(p) for p in runs], block, str(costs), cost.kind,
+                             None if calibration is None else str(calibration), rows, notes)
+    if json_path is not None:
+        render.emit_json(plan.to_dict(), json_path)
+    console = render.err_console if options.to_stdout(json_path) else render.console
+    for c, load in rows.items():
+        console.print(table(c, load, block, cost.kind))
+    console.print(Text(f"exact per round: the tokens a chosen verify length emits; estimates: {schedule.ESTIMATES}.",
+                       style="dim"))
+    for note in notes:
+        console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,8,32' -> [1, 8, 32]: distinct integers from 1 to MAX_CONCURRENCY, in the order given."""
+    parts = [p.strip() for p in text.split(",")]
+    values = [int(p) for p in parts if p.isdigit()]
+    if (len(values) != len(parts) or not all(1 <= v <= MAX_CONCURRENCY for v in values)
+            or len(set(values)) < len(values)):
+        raise DsparkError(f"the concurrency option takes distinct integers from 1 to {MAX_CONCURRENCY} separated by "
+                          f"commas, like 1,8,32; not {text!r}.")
+    return values
+
+
+def table(concurrency: int, rows: list, block: int, kind: str) -> Table:
+    best = max(rows, key=lambda row: row.tokens_per_s)
+    out = Table(title=f"concurrency {concurrency}, block {block}, {kind}: the best in bold green",
+                title_justify="left", padding=(0, 1))
+    for column in ("scheduler", "tok/s", "tok/s per request", "verify tokens/step", "τ", "censored", "set"):
+        out.add_column(column, justify="left" if column in ("scheduler", "set") else "right")
+    for row in rows:
+        out.add_row(row.scheduler.label, render.number(row.tokens_per_s, 1),
+                    render.number(row.per_request_tokens_per_s, 1), render.number(row.verify_tokens_per_step, 1),
+                    render.number(row.tau), str(row.censored_rounds), row.scheduler.setting,
+                    style="bold green" if row is best else None)
+    return out
