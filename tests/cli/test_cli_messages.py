@@ -107,3 +107,18 @@ def test_a_draft_given_as_the_target_is_refused(tmp_path, command):
     result = runner.invoke(app, [str(draft) if arg == "DRAFT" else arg for arg in command])
     assert result.exit_code == 2, result.output
     assert "is a draft checkpoint" in words(result.output), words(result.output)[-400:]
+
+
+@pytest.mark.parametrize("command", [["eval", "--limit", "1"],
+                                     ["train", "--target", "DEMO", "--data", "DATA", "-o", "OUT"]])
+@pytest.mark.parametrize("seconds", ["inf", "nan", "0", "-1", "1e12"])
+def test_a_dist_timeout_outside_its_range_is_one_sentence(tmp_path, command, seconds):
+    from dspark_cli.runtime.demo import demo_pair
+
+    data = tmp_path / "data.txt"
+    data.write_text("some text to train on\n" * 20)
+    values = {"OUT": str(tmp_path / "out"), "DEMO": str(demo_pair()[0]), "DATA": str(data)}
+    args = [values.get(arg, arg) for arg in command]
+    result = runner.invoke(app, [*args, "--dist-timeout", seconds])
+    assert result.exit_code == 2, result.output
+    assert "--dist-timeout must be a number of seconds above 0" in words(result.output)

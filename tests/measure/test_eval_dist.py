@@ -119,3 +119,17 @@ def test_a_failure_on_rank_1_stops_both_ranks(tmp_path):
     assert "rank 0 of 2: stopped because rank 1 failed during reading the inputs" in " ".join(stderr0.split())
     assert "Traceback" not in stderr0 + stderr1
     assert not (folders[0] / "run.json").exists()
+
+
+def test_an_unusable_dist_timeout_is_refused_alike_on_every_rank(tmp_path):
+    """--dist-timeout inf overflowed torch's timedelta on every rank (a traceback each); it is checked before any
+    rank joins, so each says one sentence and exits 2."""
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    for folder in folders:
+        folder.mkdir()
+        shutil.copy(ev.SHIPPED_SETS[0], folder / "set.jsonl")
+    args = [*_eval_args("set.jsonl", "run.json"), "--dist-timeout", "inf"]
+    (code0, stderr0), (code1, stderr1) = ranks.finish(ranks.start_ranks(folders, args), TIMEOUT_S)
+    assert (code0, code1) == (2, 2), (stderr0, stderr1)
+    for stderr in (stderr0, stderr1):
+        assert "--dist-timeout must be a number of seconds above 0" in stderr and "Traceback" not in stderr

@@ -66,11 +66,8 @@ def eval_command(
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for "
                                        "the others (a prompt on each rank) before the run fails."),
 ) -> None:
-    from dspark_cli.errors import DsparkError
     from dspark_cli.runtime import distributed
 
-    if not dist_timeout > 0:
-        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = distributed.context_from_env()
     with distributed.on_ranks(dist, options.torch_device(device), dist_timeout, render.quiet) as backend:
         if backend is not None:

@@ -133,8 +133,6 @@ def train(
     shape = replace(base, **given, train_embeddings=train_embeddings, train_lm_head=train_lm_head)
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
-    if not dist_timeout > 0:
-        raise DsparkError(f"--dist-timeout must be a positive number of seconds (got {dist_timeout}).")
     dist = distributed.context_from_env()
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "

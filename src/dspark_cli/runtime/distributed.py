@@ -25,7 +25,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+from dspark_cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, SettingError, Terminated
 
 T = TypeVar("T")
 EXIT_CRASH = 1  # an unexpected exception on some rank
@@ -234,6 +234,7 @@ def on_ranks(context: DistContext, device: torch.device, timeout_s: float, quiet
     others (the CLI silences its console). On a rank other than 0, a peer's failure (PeerFailed), Ctrl-C or SIGTERM
     ends the process with SystemExit and the exit code (errors.py), saying nothing: the failing rank and rank 0 have
     said why. A peer lost under NCCL becomes one sentence naming this rank (`lost_contact`)."""
+    check_timeout(timeout_s)  # every rank refuses it alike, before any joins
     if not context.is_main:
         quiet()
     backend = start(context, device, timeout_s)
@@ -251,6 +252,16 @@ def on_ranks(context: DistContext, device: torch.device, timeout_s: float, quiet
         raise lost_contact(context, error) from error
     finally:
         stop(context)
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: longer than any step waits; torch takes the timeout as a timedelta
+
+
+def check_timeout(seconds: float) -> None:
+    """SettingError unless the seconds a process waits for the others are a number in (0, MAX_TIMEOUT_S]."""
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # NaN fails too; inf overflowed timedelta on every rank
+        raise SettingError("dist_timeout", f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f} "
+                                           f"(a week), got {seconds}.")
 
 
 def torch_distributed_error() -> type[Exception]:
