@@ -65,6 +65,9 @@ def test_train_writes_a_draft_that_validates_and_generates_losslessly(pair, tmp_
     result = train(pair, out, "--save-every", "2")
     assert result.exit_code == 0, result.output
     assert "no free id: mask token 256 added" in " ".join(result.output.split())
+    assert "vLLM: serves" in result.output  # each engine's verdict on the draft; SGLang sizes markov_w2 to the
+    assert "SGLang: refuses (DSP703)" in result.output  # target's vocabulary, and this draft added a mask row
+    assert "TensorRT-LLM: " in result.output
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.json", "model.safetensors"]
     assert sorted(p.name for p in (out / "checkpoint-2").iterdir()) == [
         "config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors"]
@@ -281,3 +284,23 @@ def test_resume_with_other_trainable_copies_is_refused(pair, tmp_path):
     one_sentence_error(resume(pair, tmp_path / "b", checkpoint), "other values of --train-embeddings / --train-lm-head")
     resumed = resume(pair, tmp_path / "c", checkpoint, "--train-lm-head")
     assert resumed.exit_code == 0, resumed.output
+
+
+def test_a_written_draft_dspark_refuses_ends_the_run_with_findings(pair, tmp_path, monkeypatch):
+    """The check at the end of training: a draft dspark's own rules refuse with its target is named (exit 1, the
+    draft kept) before the user finds out at generate time."""
+    from dspark_cli.runtime.train import verdict
+
+    real = verdict.judge_written_draft
+
+    def refusing(draft, target):
+        written = real(draft, target)
+        return verdict.WrittenDraft(["DSP045 the draft copies a target-only setting."], written.verdicts)
+
+    monkeypatch.setattr(verdict, "judge_written_draft", refusing)
+    out = tmp_path / "draft"
+    result = train(pair, out)
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "fails dspark's own checks with this target: DSP045" in text and "the draft is kept" in text
+    assert (out / "model.safetensors").is_file()

@@ -155,8 +155,24 @@ def train(
             where = f" {error.filename}" if error.filename else ""
             raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
                               f"{_kept_after_interrupt(out, existed)}.") from None
-    render.console.print(Text.assemble("draft written to ", (str(final), "bold"),
-                                       f" (check it with `dspark validate {final} --target {target}`)"))
+    render.console.print(Text.assemble("draft written to ", (str(final), "bold")))
+    if dist.is_main:
+        _judge(final, target)
+
+
+def _judge(final: Path, target: str) -> None:
+    """Each engine's verdict on the written draft; exit 1 (findings) when dspark's own checks refuse it."""
+    from dspark_cli.errors import EXIT_FINDINGS
+    from dspark_cli.runtime.train.verdict import judge_written_draft
+
+    written = judge_written_draft(final, target)
+    for verdict in written.verdicts:
+        codes = f" ({', '.join(f.code for f in verdict.refused)})" if verdict.refused else ""
+        render.console.print(Text(f"  {verdict.label}: {verdict.status}{codes}", style="dim"))
+    if written.refusals:
+        raise DsparkError(f"the draft written to {final} fails dspark's own checks with this target: "
+                          f"{written.refusals[0]} (`dspark validate {final} --target {target}` lists every finding; "
+                          "the draft is kept).", EXIT_FINDINGS)
 
 
 def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist) -> Path:
