@@ -11,6 +11,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # Files whose strings name another program's flags (not dspark's), relative to runtime/.
 FLAG_ALLOWED = {
     "engines/vllm.py",  # vLLM's own command-line flags: the argv dspark builds for `vllm serve`
+    "engines/llamacpp.py",  # llama-server's own flags: the argv dspark builds for it
 }
 
 
@@ -45,7 +46,7 @@ def test_no_runtime_message_names_a_flag():
 # the shared modules; never a higher layer or a sibling folder of the same layer.
 LAYERS = [
     ("cli",),
-    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.session"),
+    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.session"),
     ("runtime.pair",),
     ("runtime.engines",),
     ("runtime.decode", "runtime.measure"),
@@ -59,7 +60,7 @@ SHARED = ("errors", "triton_mode", "runtime.devices", "runtime.units", "runtime.
           "runtime.distributed")
 # The torch-free layers: validate, serve, plan and calibrate's reading run without torch installed.
 TORCH_FREE = ("runtime.checkpoint", "runtime.io", "runtime.settings", "runtime.rounds", "runtime.engines",
-              "runtime.measure")
+              "runtime.measure", "runtime.convert")
 
 
 def _room(module: str) -> tuple[int, str] | None:
