@@ -32,7 +32,7 @@ def convert(
     from dspark_cli.runtime.convert.gguf import convert_to_gguf
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
-    check_output_file(json_path, local_inputs("the draft", [draft]) + [("the output", out)], "--json file")
+    check_output_file(json_path, local_inputs("draft", [draft]) + [("output", out)], "--json file")
     summary = convert_to_gguf(draft, out, target=target, force=force)
     if json_path is not None:
         emit_json(summary, json_path)

@@ -62,7 +62,7 @@ def convert_to_gguf(draft: str, out: str | os.PathLike, target: str, force: bool
     """Write the draft as a llama.cpp dflash GGUF at `out` (exclusive unless `force`); a summary of what was
     written. DsparkError, before anything is written, when the conversion cannot be faithful."""
     out = Path(out)
-    check_output_file(out, local_inputs("the draft", [draft]) + local_inputs("the target", [target]), "the output")
+    check_output_file(out, local_inputs("draft", [draft]) + local_inputs("target", [target]), "the output")
     ckpt = open_checkpoint(draft)
     config = DraftConfig.from_dict(ckpt.config)
     target_dir = _target_folder(target)

@@ -3,6 +3,7 @@
 - seam.py      what every engine fills (`Engine`: name, source, own_codes, refuses, plan) and the
                `ServeRequest` / `ServePlan` / `DraftRefused` they share
 - vllm.py      vLLM: the codes only it refuses, the speculative config and the `vllm serve` argv
+- llamacpp.py  llama.cpp: the `llama-server --spec-type draft-dspark` argv on the pair's GGUF files
 
     plan = engine("vllm").plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))
 
@@ -13,10 +14,10 @@ generate, eval and bench report them as warnings, quantize publishes it).
 from __future__ import annotations
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.engines import vllm
+from dspark_cli.runtime.engines import llamacpp, vllm
 from dspark_cli.runtime.engines.seam import Engine
 
-ENGINES: dict[str, Engine] = {vllm.ENGINE.name: vllm.ENGINE}
+ENGINES: dict[str, Engine] = {vllm.ENGINE.name: vllm.ENGINE, llamacpp.ENGINE.name: llamacpp.ENGINE}
 ENGINE_ONLY_CODES: frozenset[str] = frozenset().union(*(e.own_codes for e in ENGINES.values()))
 
 
