@@ -125,7 +125,8 @@ def report(prompts, plain, spec, ours) -> dict:
             "identical_spec_vs_dspark": s["tokens"] == d["tokens"],
             "identical_plain_vs_spec": p["tokens"] == s["tokens"],
             "identical_plain_vs_dspark": p["tokens"] == d["tokens"],
-            "llamacpp_draft_n": timings.get("draft_n", 0), "llamacpp_draft_accepted": timings.get("draft_n_accepted", 0),
+            "llamacpp_draft_n": timings.get("draft_n", 0),
+            "llamacpp_draft_accepted": timings.get("draft_n_accepted", 0),
             "dspark_proposed": d["proposed"], "dspark_accepted": d["accepted"], "dspark_rounds": d["rounds"],
         })
 

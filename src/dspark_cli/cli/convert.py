@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
 def convert(
     draft: str = typer.Argument(..., metavar="DRAFT", help="Draft checkpoint folder (DeepSpec format)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output file (written atomically; must not exist)."),
-    to: Format = typer.Option(..., "--to", help="gguf: llama.cpp's dflash GGUF (llama-server --spec-type draft-dspark)."),
+    to: Format = typer.Option(
+        ..., "--to", help="gguf: llama.cpp's dflash GGUF (llama-server --spec-type draft-dspark)."
+    ),
     target: str = typer.Option(..., "--target", help="The target's folder: the GGUF takes its tokenizer."),
     force: options.force("Replace OUT if it exists.") = False,
     json_path: options.json_path("the summary") = None,

@@ -266,7 +266,8 @@ def _bpe_tokenizer(target_dir: Path) -> dict:
         raise DsparkError(f"the target {target_dir} has no tokenizer.json; the GGUF takes its tokenizer from the "
                           "target, so pass the target folder that holds it.")
     tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    if tokenizer.get("model", {}).get("type") != "BPE" or (tokenizer.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
+    pre = (tokenizer.get("pre_tokenizer") or {}).get("type")
+    if tokenizer.get("model", {}).get("type") != "BPE" or pre != "ByteLevel":
         raise DsparkError(f"the target's tokenizer {path} is not a byte-level BPE one, the only kind dspark writes "
                           "into a GGUF; convert the target with llama.cpp's own converter instead.")
     return tokenizer

@@ -8,7 +8,7 @@ llama.cpp loads GGUF files, not folders: the pair is checked as folders (validat
 vLLM), and the argv names the GGUF beside each folder (`FOLDER.gguf`), which `dspark convert DRAFT --to gguf`
 writes for the draft and llama.cpp's convert_hf_to_gguf.py (or scripts/convert_target_llamacpp.py) for the target;
 the plan's notes give both commands. What llama.cpp does, from its source at b11434:
-- docs/speculative.md "DSpark (`draft-dspark`)": `-md` the draft GGUF, `--spec-type draft-dspark`,
+- speculative.md of llama.cpp's docs "DSpark (`draft-dspark`)": `-md` the draft GGUF, `--spec-type draft-dspark`,
   `--spec-draft-n-max` clamped to the trained block size; Qwen3 backbones only.
 - common/speculative.cpp (common_speculative_state_draft_dflash): `--spec-draft-p-min P` truncates a drafted block
   at the first position whose confidence-head score is below P, and refuses a draft without a confidence head;
@@ -80,8 +80,8 @@ def _check_args(request: ServeRequest) -> None:
 
 
 def _check_draft(config: DraftConfig, head_format: str) -> None:
-    """What llama.cpp refuses beyond validate's codes: other backbones than Qwen3 (docs/speculative.md), a
-    quantized markov_w2 (dflash.cpp reads no NVFP4 block scales) and a draft without a Markov head."""
+    """What llama.cpp refuses beyond validate's codes: other backbones than Qwen3 (speculative.md of llama.cpp's
+    docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales) and a draft without a Markov head."""
     if config.family != "qwen3":
         raise DsparkError(f"llama.cpp runs DSpark drafts with a Qwen3 backbone only, and this is a "
                           f"{config.family_title()} draft.")
@@ -102,6 +102,6 @@ def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:
     return notes
 
 
-ENGINE = Engine(name="llamacpp", label="llama.cpp", source="llama.cpp release b11434 (docs/speculative.md, "
-                "common/speculative.cpp, common/arg.cpp, src/models/dflash.cpp, conversion/qwen.py DSparkModel)",
+ENGINE = Engine(name="llamacpp", label="llama.cpp", source="llama.cpp release b11434 (speculative.md of "
+                "llama.cpp's docs, common/speculative.cpp, common/arg.cpp, src/models/dflash.cpp, conversion/qwen.py DSparkModel)",
                 own_codes=OWN_CODES, plan=plan_serve)
