@@ -74,12 +74,12 @@ def convert_to_gguf(draft: str, out: str | os.PathLike, target: str, force: bool
         write_tokenizer(writer, target_dir, config.vocab_size)
         for source, name in names.items():
             _add_tensor(writer, name, ckpt, ckpt.tensors[source])
-        _add_d2t(writer, config, ckpt)
+        _add_d2t(writer, ckpt)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-    return {"output": str(out), "architecture": ARCH, "tensors": len(names) + ("d2t" in ckpt.tensors),
+    return {"output": str(out), "architecture": ARCH, "tensors": len(names) + (_d2t_name(ckpt) is not None),
             "target_layers": llamacpp_target_layers(config.layer_ids)}
 
 
@@ -247,12 +247,16 @@ def _add_tensor(writer, name: str, ckpt: Checkpoint, info: TensorInfo) -> None:
         writer.add_tensor(name, data)
 
 
-def _add_d2t(writer, config: DraftConfig, ckpt: Checkpoint) -> None:
+def _d2t_name(ckpt: Checkpoint) -> str | None:
+    return next((name for name in ckpt.tensors if canonical_name(name) == "d2t"), None)
+
+
+def _add_d2t(writer, ckpt: Checkpoint) -> None:
     """A reduced vocabulary's d2t as absolute target ids (conversion/qwen.py DSparkModel.prepare_tensors)."""
     import gguf
     import numpy as np
 
-    source = next((name for name in ckpt.tensors if canonical_name(name) == "d2t"), None)
+    source = _d2t_name(ckpt)
     if source is None:
         return
     offsets = _array(ckpt, ckpt.tensors[source]).reshape(-1).astype(np.int64)
