@@ -4,9 +4,10 @@ relaxed to GPT-2's.
 llama.cpp's `convert_hf_to_gguf.py` identifies a BPE tokenizer's pre-tokenizer by a hash of how it splits a test
 string (conversion/base.py, TextModel.get_vocab_base_pre) and refuses an unknown hash. The demo's byte-level BPE
 tokenizer is unknown to it although its pre-tokenizer is GPT-2's (ByteLevel with the GPT-2 regex), so this script
-answers "gpt2" for it and runs the converter unchanged otherwise. Qwen2Model.set_vocab (conversion/qwen.py) tries
-SentencePiece first and falls back to GPT-2 BPE on FileNotFoundError, but imports `sentencepiece` before it looks for
-tokenizer.model; the demo has no tokenizer.model, so the script goes to the fallback directly. Nothing of llama.cpp is copied: the converter is
+answers "gpt-2" for it (the name src/llama-vocab.cpp gives GPT-2's regex; it knows no "gpt2") and runs the
+converter unchanged otherwise. Qwen2Model.set_vocab (conversion/qwen.py) tries SentencePiece first and falls back
+to GPT-2 BPE on FileNotFoundError, but imports `sentencepiece` before it looks for tokenizer.model; the demo has no
+tokenizer.model, so the script goes to the fallback directly. Nothing of llama.cpp is copied: the converter is
 imported from the built tree (scripts/build_llamacpp.sh).
 
     python scripts/convert_target_llamacpp.py TARGET_DIR OUT.gguf [--llamacpp-src DIR]
@@ -39,7 +40,7 @@ def main() -> None:
     from conversion.base import TextModel
     from conversion.qwen import Qwen2Model
 
-    TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt2"
+    TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
     Qwen2Model.set_vocab = lambda self: self._set_vocab_gpt2()
     sys.argv = ["convert_hf_to_gguf.py", str(args.target), "--outfile", str(args.out), "--outtype", "auto"]
     if args.target_model_dir:

@@ -163,7 +163,7 @@ def write_tokenizer(writer, target_dir: Path, vocab_size: int) -> None:
         kinds.append(types.USER_DEFINED if index not in by_id or added.get(index) is False
                      else types.CONTROL if added.get(index) else types.NORMAL)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex in src/llama-vocab.cpp (llama_vocab::impl::load)
     writer.add_token_list(tokens)
     writer.add_token_types(kinds)
     gguf.SpecialVocab(target_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer, quiet=True)
