@@ -30,5 +30,7 @@ def test_llamacpp_matches_dspark(tmp_path):
     for row in report["prompts"]:
         assert row["llamacpp_prompt_tokens"] == row["prompt_tokens"]
         assert row["identical_plain_vs_spec"] and row["identical_spec_vs_dspark"], row
-    assert report["acceptance_llamacpp"] > 0 and report["acceptance_dspark"] > 0
+    # Measured at b11434: llama.cpp 241/890 = 0.271, dspark 261/945 = 0.276. Target layers written without the +1
+    # (DeepSpec ids as llama.cpp's) still give identical tokens (verification is lossless) but 0.250 in llama.cpp.
+    assert abs(report["acceptance_llamacpp"] - report["acceptance_dspark"]) < 0.015
     assert run.returncode == 0
