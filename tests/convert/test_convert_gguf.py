@@ -123,3 +123,27 @@ def test_cli_names_flags(tmp_path):
     assert result.exit_code == 0 and out.is_file()
     result = CliRunner().invoke(app, ["convert", str(DRAFT), "-o", str(out), "--to", "gguf", "--target", str(TARGET)])
     assert result.exit_code == 2 and "--force" in result.output
+
+
+def test_reduced_vocab_d2t_is_written_as_absolute_target_ids(tmp_path):
+    """conversion/qwen.py DSparkModel.prepare_tensors: d2t offsets + arange, I64; the draft head keeps Vd rows."""
+    from ckpt_factory import DraftSpec, reduced_vocab_d2t, write_draft
+
+    draft = write_draft(tmp_path / "draft", DraftSpec(draft_vocab_size=64))
+    out = tmp_path / "d.gguf"
+    convert_to_gguf(str(draft), out, target=str(TARGET))
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    expected = reduced_vocab_d2t(64, 256).numpy() + np.arange(64)
+    assert tensors["d2t"].tensor_type == gguf.GGMLQuantizationType.I64
+    assert np.array_equal(np.asarray(tensors["d2t"].data).reshape(-1), expected)
+    assert list(tensors["markov_w2.weight"].shape) == [32, 64] and list(tensors["output.weight"].shape) == [64, 64]
+    assert {"blk.1.attn_q.weight", "blk.1.ffn_down.weight"} <= set(tensors)
+
+
+def test_nvfp4_head_is_refused(tmp_path):
+    from ckpt_factory import DraftSpec, nvfp4_markov_w2, write_draft
+
+    spec = DraftSpec()
+    draft = write_draft(tmp_path / "draft", spec, mutate=nvfp4_markov_w2(spec))
+    with pytest.raises(DsparkError, match="NVFP4"):
+        convert_to_gguf(str(draft), tmp_path / "out.gguf", target=str(TARGET))
