@@ -13,6 +13,7 @@ FLAG_ALLOWED = {
     "engines/vllm.py",  # vLLM's own command-line flags: the argv dspark builds for `vllm serve`
     "engines/sglang.py",  # SGLang's server flags: the `sglang.launch_server` argv
     "engines/trtllm.py",  # trtllm-serve's flags: its argv
+    "engines/llamacpp.py",  # llama-server's own flags: the argv dspark builds for it
 }
 
 
@@ -47,7 +48,7 @@ def test_no_runtime_message_names_a_flag():
 # the shared modules; never a higher layer or a sibling folder of the same layer.
 LAYERS = [
     ("cli",),
-    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.session"),
+    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.session"),
     ("runtime.pair",),
     ("runtime.engines",),
     ("runtime.decode", "runtime.measure"),
@@ -61,7 +62,7 @@ SHARED = ("errors", "triton_mode", "runtime.devices", "runtime.units", "runtime.
           "runtime.distributed")
 # The torch-free layers: validate, serve, plan and calibrate's reading run without torch installed.
 TORCH_FREE = ("runtime.checkpoint", "runtime.io", "runtime.settings", "runtime.rounds", "runtime.engines",
-              "runtime.measure")
+              "runtime.measure", "runtime.convert")
 
 
 def _room(module: str) -> tuple[int, str] | None:

@@ -39,19 +39,21 @@ def verdicts(draft, target):
 
 DRAFTS = {
     "default": (lambda p: write_draft(p, S), {"vllm": "serves", "sglang": "serves with losses",
-                                             "trtllm": "serves with losses"}),
+                                             "trtllm": "serves with losses", "llamacpp": "serves with losses"}),
     "gated": (lambda p: write_draft(p, S.with_(markov_head_type="gated")), {"vllm": "refuses", "sglang":
-              "serves with losses", "trtllm": "refuses"}),
+              "serves with losses", "trtllm": "refuses", "llamacpp": "refuses"}),
     "rnn": (lambda p: write_draft(p, S.with_(markov_head_type="rnn")), {"vllm": "refuses", "sglang":
-            "serves with losses", "trtllm": "refuses"}),
+            "serves with losses", "trtllm": "refuses", "llamacpp": "refuses"}),
     "speculators": (lambda p: write_folder(p, speculators_config(S), draft_tensors(S)),
-                    {"vllm": "serves", "sglang": "refuses", "trtllm": "serves with losses"}),
+                    {"vllm": "serves", "sglang": "refuses", "trtllm": "serves with losses",
+                     "llamacpp": "serves with losses"}),
     "nvfp4": (lambda p: write_nvfp4_draft(p, S), {"vllm": "serves", "sglang": "refuses",
-                                                "trtllm": "serves with losses"}),
+                                                "trtllm": "serves with losses", "llamacpp": "refuses"}),
     "gemma4": (lambda p: write_draft(p, S.with_(family="gemma4")), None),
 }
 CODES = {("gated", "vllm"): ["DSP012"], ("gated", "trtllm"): ["DSP012"], ("rnn", "vllm"): ["DSP012"],
-         ("speculators", "sglang"): ["DSP701"], ("nvfp4", "sglang"): ["DSP702"]}
+         ("speculators", "sglang"): ["DSP701"], ("nvfp4", "sglang"): ["DSP702"], ("gated", "llamacpp"): ["DSP012"],
+         ("nvfp4", "llamacpp"): ["DSP722"], ("gemma4", "llamacpp"): ["DSP721"]}
 
 
 @pytest.mark.parametrize("kind", DRAFTS)
@@ -62,6 +64,7 @@ def test_each_engine_verdict(tmp_path, kind):
     if expected is None:  # Gemma-4: SGLang and TensorRT-LLM are unverified, so never a silent "serves"
         assert got["sglang"].status != "serves" and got["trtllm"].status != "serves"
         assert any("not verified" in n for n in got["sglang"].notes + got["trtllm"].notes)
+        assert [f.code for f in got["llamacpp"].refused] == CODES["gemma4", "llamacpp"]  # Qwen3 backbones only
         return
     assert {name: v.status for name, v in got.items()} == expected
     for (draft, name), codes in CODES.items():
@@ -108,9 +111,17 @@ def test_validate_engine_all_json(tmp_path):
     result = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "all", "--json", "-"])
     doc = json.loads(result.stdout)
     assert {k: (v["verdict"], v["codes"]) for k, v in doc["engines"].items()} == {
-        "vllm": ("refuses", ["DSP012"]), "sglang": ("serves with losses", []), "trtllm": ("refuses", ["DSP012"])}
+        "vllm": ("refuses", ["DSP012"]), "sglang": ("serves with losses", []), "trtllm": ("refuses", ["DSP012"]),
+        "llamacpp": ("refuses", ["DSP012"])}
     assert result.exit_code == doc["exit_code"] == 0  # one engine serves it
     single = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "trtllm", "--json", "-"])
     assert single.exit_code == 1
     plain = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--json", "-"])
     assert "engines" not in json.loads(plain.stdout) and plain.exit_code == 1  # default: today's vLLM report
+
+
+def test_llamacpp_dry_run_argv_names_the_gguf_beside_each_folder(tmp_path):
+    doc, draft, target = dry_run(tmp_path, "llamacpp")
+    assert doc["argv"] == ["llama-server", "-m", str(target.resolve()) + ".gguf", "-md", str(draft.resolve()) + ".gguf",
+                           "--spec-type", "draft-dspark", "--spec-draft-n-max", "4"]
+    assert any("dspark convert" in note and "--to gguf" in note for note in doc["notes"])

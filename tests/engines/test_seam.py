@@ -12,8 +12,10 @@ from dspark_cli.runtime.engines.seam import Engine
 
 def test_the_registry_and_an_unknown_engine():
     assert engine("vllm") is ENGINES["vllm"] and engine("vllm").label == "vLLM"
-    with pytest.raises(DsparkError, match=r"^the engine 'llama' is not one dspark serves with; use one of vllm, sglang, trtllm\.$"):
-        engine("llama")
+    listed = ", ".join(ENGINES)
+    with pytest.raises(DsparkError, match=rf"^the engine 'nosuch' is not one dspark serves with; use one of {listed}\.$"):
+        engine("nosuch")
+    assert "llamacpp" in ENGINES and engine("llamacpp").label == "llama.cpp"
     assert ENGINE_ONLY_CODES == {"DSP012", "DSP040", "DSP041", "DSP042"}
 
 

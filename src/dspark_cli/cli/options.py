@@ -104,10 +104,10 @@ def calibration(what: str = "STS temperatures of `dspark calibrate`: c_i = sigmo
     return Annotated[Optional[Path], typer.Option("--calibration", metavar="STS.json", help=what)]
 
 
-ENGINE_NAMES = ("vllm", "sglang", "trtllm")
+ENGINE_NAMES = ("vllm", "sglang", "trtllm", "llamacpp")
 
 
-def engine(what: str = "Serving engine: vllm, sglang or trtllm (docs/engines.md).", choices=ENGINE_NAMES):
+def engine(what: str = "Serving engine: vllm, sglang, trtllm or llamacpp (docs/engines.md).", choices=ENGINE_NAMES):
     """`--engine NAME` (default vllm): the serving engine a command checks against or hands the pair to; the
     runtime's `engines.engine(name)` refuses another name in one sentence."""
     return Annotated[str, typer.Option("--engine", metavar="|".join(choices), help=what)]

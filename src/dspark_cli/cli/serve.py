@@ -43,7 +43,8 @@ def serve(
     from_plan: Optional[Path] = typer.Option(None, "--from-plan", metavar="PLAN.json", help="Take "
                                              "num_speculative_tokens (and a survival threshold, "
                                              "dspark_confidence_threshold) from `dspark plan -o`."),
-    engine_name: options.engine("Serving engine: vllm (default), sglang or trtllm (docs/engines.md).") = "vllm",
+    engine_name: options.engine("Serving engine: vllm (default), sglang, trtllm or llamacpp "
+                                "(docs/engines.md).") = "vllm",
     calibration: options.calibration("STS temperatures of `dspark calibrate`, handed to SGLang or TensorRT-LLM "
                                      "(their confidence head's calibration).") = None,
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
@@ -80,10 +81,10 @@ def serve(
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise from_plan_worded(error, from_plan) from None
-    installed, hint = engine_installed(chosen.name)
+    installed, hint = chosen.installed(), chosen.install_hint
     if json_path is not None:
         extra = {"vllm": find_vllm()} if chosen.name == "vllm" else {"installed": installed}
-        render.emit_json({**plan.to_dict(), **extra, "exit_code": 0}, json_path)
+        render.emit_json(render.with_flags({**plan.to_dict(), **extra, "exit_code": 0}), json_path)
         if options.to_stdout(json_path):
             return
     print_notes(plan)
@@ -127,28 +128,17 @@ def write_files(plan: "ServePlan", folder: str, printed: bool) -> None:
         render.err_console.print(f"[dim]wrote {escape(str(path))}[/]", highlight=False)
 
 
-def engine_installed(name: str) -> tuple[bool, str]:
-    """Whether the engine's command can start here, and how to install it when not (nothing is imported)."""
-    from dspark_cli.runtime.engines import sglang, trtllm, vllm
-
-    if name == "sglang":
-        return sglang.sglang_installed(), sglang.INSTALL_HINT
-    if name == "trtllm":
-        return trtllm.find_trtllm() is not None, trtllm.INSTALL_HINT
-    return vllm.find_vllm() is not None, vllm.INSTALL_HINT
-
-
 def print_notes(plan: "ServePlan") -> None:
-    """Validate's warnings and what vLLM takes from the draft itself, on stderr (stdout is the command)."""
+    """Validate's warnings and what the engine takes from the draft itself, on stderr (stdout is the command)."""
     console = render.err_console
     for finding in plan.report.warnings:
-        console.print(f"[bold yellow]! {finding.code}[/] {escape(finding.message)}", highlight=False,
-                      soft_wrap=True)
+        message = escape(render.name_flags(finding.message))
+        console.print(f"[bold yellow]! {finding.code}[/] {message}", highlight=False, soft_wrap=True)
     console.print(f"[green]ok[/] {escape(plan.draft)}: validate found no errors against {escape(plan.target)}; "
                   f"{plan.draft_tokens} draft tokens per round, "
                   f"{escape(plan.draft_quantization)}.", highlight=False, soft_wrap=True)
     for note in plan.notes:
-        console.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[dim]{escape(render.name_flags(note))}[/]", highlight=False, soft_wrap=True)
 
 
 def print_refusal(findings: "list[Finding]") -> None:

@@ -40,7 +40,7 @@ def validate(
     deep: bool = typer.Option(False, "--deep", help="Also load tensors one at a time to check their values."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
     json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
-    engine: options.engine("Engine to judge the draft for: vllm (default), sglang, trtllm, or all (a verdict per "
+    engine: options.engine("Engine to judge the draft for: vllm (default), sglang, trtllm, llamacpp, or all (a verdict per "
                            "engine; docs/engines.md).", choices=(*options.ENGINE_NAMES, "all")) = "vllm",
 ) -> None:
     from dspark_cli.errors import DsparkError

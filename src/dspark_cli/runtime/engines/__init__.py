@@ -5,6 +5,7 @@
 - vllm.py      vLLM: the codes only it refuses, the speculative config and the `vllm serve` argv
 - sglang.py    SGLang: its own refusals (DSP701-DSP704), the DSPARK flags and the `sglang.launch_server` argv
 - trtllm.py    TensorRT-LLM: DSP711, the speculative_config YAML and the `trtllm-serve` argv
+- llamacpp.py  llama.cpp: the `llama-server --spec-type draft-dspark` argv on the pair's GGUF files
 
     plan = engine("vllm").plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))
 
@@ -15,10 +16,10 @@ generate, eval and bench report them as warnings, quantize publishes it).
 from __future__ import annotations
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.engines import sglang, trtllm, vllm
+from dspark_cli.runtime.engines import llamacpp, sglang, trtllm, vllm
 from dspark_cli.runtime.engines.seam import Engine
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE, llamacpp.ENGINE)}
 ENGINE_ONLY_CODES: frozenset[str] = frozenset().union(*(e.own_codes for e in ENGINES.values()))
 
 

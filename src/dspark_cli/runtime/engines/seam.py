@@ -61,8 +61,8 @@ class ServePlan:
     def draft_tokens(self) -> int:
         """Draft tokens per round, under the engine's own name for it."""
         spec = self.speculative_config
-        return next(spec[k] for k in ("num_speculative_tokens", "speculative_dspark_block_size", "max_draft_len")
-                    if k in spec)
+        return next(spec[k] for k in ("num_speculative_tokens", "speculative_dspark_block_size", "max_draft_len",
+                                      "spec_draft_n_max") if k in spec)
 
     @property
     def command(self) -> str:
@@ -128,6 +128,8 @@ class Engine:
     rules: Rules = no_rules  # this engine's own checks (ENGINE_CODES) and notes on what it drops
     layout: str = ""  # the draft layout it needs
     reads: str = ""  # the files it reads besides the two models
+    installed: Callable[[], bool] = lambda: False  # whether its command can start here (nothing imported)
+    install_hint: str = ""  # how to install it, one sentence
 
     def refuses(self, report: Report) -> list[Finding]:
         """The errors of validate's report that block this engine: all but the restrictions of other engines."""

@@ -120,4 +120,5 @@ ENGINE = Engine(
            "@ 01f47623, dspark_sts.py @ 9e16e2d0, server_args.py (docs/engines.md)",
     layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
     reads="the draft and target folders; an STS temperatures file (the calibration option)",
+    installed=sglang_installed, install_hint=INSTALL_HINT,
 )

@@ -110,4 +110,5 @@ ENGINE = Engine(
     source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (docs/engines.md)",
     layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a vanilla Markov head",
     reads="the draft and target folders; an STS temperatures file (the calibration option), via the YAML",
+    installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
 )

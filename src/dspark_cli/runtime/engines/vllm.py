@@ -202,4 +202,5 @@ ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commi
                 "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
                 "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve,
                 layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
-                "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)")
+                "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)",
+                installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT)

@@ -289,6 +289,37 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
     record_written(out)
 
 
+@contextlib.contextmanager
+def atomic_output_file(out: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary file path beside `out`; on success it becomes `out`, on any error it is removed.
+
+    Exclusive like `atomic_output_dir`: without `force` an `out` that exists, or appears meanwhile, is never
+    replaced; with `force` the old file is moved aside and deleted once the new one is in place.
+    """
+    out = Path(out)
+    if os.path.lexists(out) and not force:
+        raise DsparkError(f"{out} already exists; choose another output file or pass the force option to replace it.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+    except OSError as error:
+        raise DsparkError(f"cannot create {out}: {error.strerror or error}; choose another output file.") from None
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, default_file_mode())
+        yield tmp
+        (replace_path if force else _publish)(tmp, out)
+    except BaseException as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if is_disk_error(error):
+            raise DsparkError(f"cannot write {out}: {error.strerror or error}; the temporary file was removed and "
+                              f"{out} was not written.") from None
+        raise
+    record_written(out)
+
+
 def _publish(tmp: Path, out: Path) -> None:
     try:
         rename_noreplace(tmp, out)

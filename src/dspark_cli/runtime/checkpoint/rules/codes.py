@@ -121,6 +121,12 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
                "serve a DFlash draft with vLLM (method dflash)"),
     "DSP711": ("TensorRT-LLM", "draft without a Markov head (dspark hands TensorRT-LLM DSpark drafts only)",
                "serve a DFlash draft with vLLM (method dflash)"),
+    "DSP721": ("llama.cpp", "draft backbone other than Qwen3 (llama.cpp's dflash model and its converter are "
+               "Qwen3's)", "serve it with vLLM"),
+    "DSP722": ("llama.cpp", "quantized Markov head (llama.cpp's dflash model reads no NVFP4 block scales)",
+               "convert and serve the unquantized draft (before dspark quantize)"),
+    "DSP723": ("llama.cpp", "draft without a Markov head (llama.cpp runs it as a DFlash draft, spec type "
+               "draft-dflash, which dspark does not plan)", "serve it with vLLM (method dflash)"),
 }
 
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).

@@ -1,0 +1,7 @@
+"""convert/: the library half of `dspark convert`: a draft rewritten in another engine's file format, torch-free.
+
+- gguf.py      a DSpark/DFlash draft as a llama.cpp `dflash` GGUF (keys, tensor names and the tokenizer as
+               llama.cpp's own converter writes them), or the one-sentence reason it cannot be faithful
+
+    convert_to_gguf("./my-draft", "draft.gguf", target="./my-target")
+"""

@@ -1,0 +1,129 @@
+"""Hand a checked target + draft pair to llama.cpp (release b11434): the `llama-server` argv.
+
+    plan = ENGINE.plan(ServeRequest(target="./my-target", draft="./my-draft"))   # engines.engine("llamacpp")
+    plan.argv   # ["llama-server", "-m", "/abs/my-target.gguf", "-md", "/abs/my-draft.gguf",
+                #  "--spec-type", "draft-dspark", "--spec-draft-n-max", "7"]
+
+llama.cpp loads GGUF files, not folders: the pair is checked as folders (validate's header-only rules, as for
+vLLM), and the argv names the GGUF beside each folder (`FOLDER.gguf`), which `dspark convert DRAFT --to gguf`
+writes for the draft and llama.cpp's convert_hf_to_gguf.py (or scripts/convert_target_llamacpp.py) for the target;
+the plan's notes give both commands. What llama.cpp does, from its source at b11434:
+- speculative.md of llama.cpp's docs "DSpark (`draft-dspark`)": `-md` the draft GGUF, `--spec-type draft-dspark`,
+  `--spec-draft-n-max` clamped to the trained block size; Qwen3 backbones only.
+- common/speculative.cpp (common_speculative_state_draft_dflash): `--spec-draft-p-min P` truncates a drafted block
+  at the first position whose confidence-head score is below P, and refuses a draft without a confidence head;
+  each block position is read from the draft's sampler (the Markov bias chained in-graph), so dspark's draft
+  top-k and draft sample method have no llama.cpp counterpart.
+- src/models/dflash.cpp: only the vanilla Markov head (markov_w1, markov_w2) is loaded.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+from dspark_cli.runtime.checkpoint.rules import Finding, Report, validate_checkpoint
+from dspark_cli.runtime.engines.seam import (
+    DraftRefused,
+    Engine,
+    ServePlan,
+    ServeRequest,
+    engine_finding,
+    head_quantization,
+)
+from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
+
+LLAMA_SERVER = "llama-server"
+OWN_CODES = frozenset({"DSP012"})  # a non-vanilla Markov head: src/models/dflash.cpp loads markov_w1/w2 only
+RESERVED_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--spec-type", "--spec-draft-n-max",
+                  "--spec-draft-p-min", "--draft-p-min")  # common/arg.cpp spellings of what dspark sets
+
+
+def plan_serve(request: ServeRequest) -> ServePlan:
+    """validate's header-only rules on the folders, then the `llama-server` argv on the GGUF beside each."""
+    _check_args(request)
+    ckpt = open_checkpoint(request.draft)
+    report = validate_checkpoint(ckpt, read_target_config(request.target))
+    config = DraftConfig.from_dict(ckpt.config)
+    refused = ENGINE.verdict(report, config).refused
+    if refused:
+        raise DraftRefused(report, refused, request.target, ENGINE.label)
+    target, draft = gguf_beside(request.target, "target"), gguf_beside(request.draft, "draft")
+    argv = llama_server_argv(target, draft, resolve_block_size(config, request.block_size), request)
+    spec = {"spec_type": "draft-dspark", "spec_draft_n_max": resolve_block_size(config, request.block_size)}
+    return ServePlan(target=target, draft=draft, speculative_config=spec, argv=argv, engine=ENGINE.name,
+                     report=report, trained_block_size=trained_block_size(config), draft_quantization="unquantized",
+                     notes=_notes(request, target, draft))
+
+
+def llama_server_argv(target: str, draft: str, n_max: int, request: ServeRequest) -> list[str]:
+    """`llama-server -m TARGET.gguf -md DRAFT.gguf --spec-type draft-dspark --spec-draft-n-max N [...]`."""
+    argv = [LLAMA_SERVER, "-m", target, "-md", draft, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(n_max)]
+    if request.confidence_threshold is not None:
+        argv += ["--spec-draft-p-min", str(request.confidence_threshold)]
+    if request.port is not None:
+        argv += ["--port", str(request.port)]
+    return argv + list(request.engine_args)
+
+
+def gguf_beside(folder: str, role: str) -> str:
+    """The GGUF file llama.cpp loads for a model folder: FOLDER.gguf beside it, as an absolute path."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise DsparkError(f"the {role} {folder} is not a local folder; llama.cpp loads GGUF files, so dspark plans "
+                          "from the folder and its GGUF beside it.")
+    return str(path.resolve().with_name(path.resolve().name + ".gguf"))
+
+
+def _check_args(request: ServeRequest) -> None:
+    for arg in request.engine_args:
+        if arg.split("=", 1)[0] in RESERVED_FLAGS:
+            raise DsparkError(f"the extra llama.cpp arguments contain {arg}, which dspark sets itself; drop it and "
+                              "use dspark's own options (block size, confidence threshold).")
+    if request.port is not None and not 1 <= request.port <= 65535:
+        raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
+
+
+def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
+    """llama.cpp's own refusals beyond validate's codes (DSP721-DSP723): other backbones than Qwen3 (speculative.md
+    of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head."""
+    findings = []
+    if config.family != "qwen3":
+        findings.append(engine_finding("DSP721", f"this is a {config.family_title} draft."))
+    head = head_quantization(report)
+    if head:
+        findings.append(engine_finding("DSP722", f"markov_w2 is stored {head}."))
+    if not config.has_markov:
+        findings.append(engine_finding("DSP723", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    notes = ["llama.cpp loads GGUF files: the draft through dspark convert, the target through llama.cpp's own "
+             "converter (docs/convert.md)."]
+    if config.enable_confidence_head:
+        notes.append("llama.cpp uses the confidence head only as a static per-position cut-off (spec-draft-p-min), "
+                     "not a verify budget; an STS file is not read.")
+    return findings, notes
+
+
+def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:
+    notes = [f"llama.cpp loads GGUF files: write {draft} with dspark convert {request.draft} (the to option gguf, "
+             f"the target option {request.target}) and {target} with llama.cpp's convert_hf_to_gguf.py (or "
+             "scripts/convert_target_llamacpp.py for a tokenizer it does not recognize)."]
+    if request.draft_topk is not None:
+        notes.append("llama.cpp reads each drafted position from its own draft sampler: the draft top-k is not "
+                     "passed.")
+    return notes
+
+
+ENGINE = Engine(
+    name="llamacpp", label="llama.cpp", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
+    source="llama.cpp release b11434 (speculative.md of llama.cpp's docs, common/speculative.cpp, common/arg.cpp, "
+           "src/models/dflash.cpp, conversion/qwen.py DSparkModel)",
+    layout="its own GGUF (dflash architecture; dspark convert), target layer ids DeepSpec's + 1; Qwen3 backbone, "
+           "vanilla unquantized Markov head",
+    reads="the target's and the draft's GGUF files",
+    installed=lambda: shutil.which(LLAMA_SERVER) is not None,
+    install_hint="llama.cpp is not installed here (no `llama-server` on PATH): build it (scripts/build_llamacpp.sh "
+                 "builds release b11434) and put its bin/ folder on PATH, then run the command above.",
+)
