@@ -182,6 +182,9 @@ MUTATIONS = [
         "first = int(sampling.sample(sampling.target_probs(logits[None], "
         "SamplingParams(temperature=params.temperature)), generator)[0])")],
       ROUND + "::test_the_first_token_after_the_prompt_is_drawn_within_top_k_and_top_p"),
+    m("H2", "eval --compare flags a significant rise but not a significant drop", "measure/evaluation.py",
+      [("significant = difference.low > 0 or difference.high < 0", "significant = difference.low > 0")],
+      "test_eval.py::test_compare_pairs_by_prompt_and_judges_significance"),
 ]
 
 

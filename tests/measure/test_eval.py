@@ -114,6 +114,8 @@ def test_compare_pairs_by_prompt_and_judges_significance():
     better = [_result("s", i, f"p{i}", [i % 3 + 1, 2, 1]) for i in range(30)]
     result = ev.compare_tau(better, old)
     assert result["paired"] and result["difference"] == pytest.approx(1.0) and result["significant"] is True
+    drop = ev.compare_tau(old, better)  # a drop is as significant as a rise
+    assert drop["difference"] == pytest.approx(-1.0) and drop["ci"][1] < 0 and drop["significant"] is True
     other = [_result("s", i, f"q{i}", [i % 3, 1, 0]) for i in range(30)]
     assert ev.compare_tau(other, old)["paired"] is False
 
