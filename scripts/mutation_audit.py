@@ -185,6 +185,9 @@ MUTATIONS = [
     m("H2", "eval --compare flags a significant rise but not a significant drop", "measure/evaluation.py",
       [("significant = difference.low > 0 or difference.high < 0", "significant = difference.low > 0")],
       "test_eval.py::test_compare_pairs_by_prompt_and_judges_significance"),
+    m("H3", "resume matches finished prompts by set and index, not by the prompt's text", "measure/evaluation.py",
+      [("        return set_name, index, prompt\n", "        return set_name, index, \"\"\n")],
+      "test_eval.py::test_a_finished_prompt_counts_only_for_the_same_prompt_text"),
 ]
 
 
