@@ -188,6 +188,17 @@ MUTATIONS = [
     m("H3", "resume matches finished prompts by set and index, not by the prompt's text", "measure/evaluation.py",
       [("        return set_name, index, prompt\n", "        return set_name, index, \"\"\n")],
       "test_eval.py::test_a_finished_prompt_counts_only_for_the_same_prompt_text"),
+    m("H4", "calibration's held-out split keyed per run: one prompt lands on both sides", "measure/calibration.py",
+      [("by_prompt.setdefault((r.set_name, r.index, r.prompt), [])",
+        "by_prompt.setdefault((r.set_name, r.index, r.prompt, name), [])")],
+      CALIBRATION + "::test_a_prompt_in_two_runs_stays_on_one_side_of_the_split"),
+    m("H5", "ece_before scored on the fitting prompts instead of the held-out ones", "measure/calibration.py",
+      [("    before = survival_calibration(held, [1.0] * block, block)",
+        "    before = survival_calibration(fitting, [1.0] * block, block)")],
+      CALIBRATION + "::test_ece_before_and_after_score_the_same_held_out_pairs"),
+    m("H6", "calibrate counts drafted positions as verified (cut and stop-token rounds add false rejections)",
+      "measure/calibration.py", [('data.verified.append(r["proposed"])', 'data.verified.append(r["drafted"])')],
+      CALIBRATION + "::test_positions_drafted_but_not_verified_have_no_outcome"),
 ]
 
 
