@@ -199,6 +199,9 @@ MUTATIONS = [
     m("H6", "calibrate counts drafted positions as verified (cut and stop-token rounds add false rejections)",
       "measure/calibration.py", [('data.verified.append(r["proposed"])', 'data.verified.append(r["drafted"])')],
       CALIBRATION + "::test_positions_drafted_but_not_verified_have_no_outcome"),
+    m("H7", "plan recommends an STS-calibrated row, which vLLM cannot deploy", "measure/replay.py",
+      [("\n              and not row.rule.calibrated and not (", "\n              and not (")],
+      "test_replay.py::test_the_recommendation_is_a_row_vllm_can_deploy"),
 ]
 
 
