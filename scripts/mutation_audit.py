@@ -202,6 +202,13 @@ MUTATIONS = [
     m("H7", "plan recommends an STS-calibrated row, which vLLM cannot deploy", "measure/replay.py",
       [("\n              and not row.rule.calibrated and not (", "\n              and not (")],
       "test_replay.py::test_the_recommendation_is_a_row_vllm_can_deploy"),
+    m("H8a", "a Gemma-4 draft without the full-attention RoPE entry rotates every frequency",
+      "checkpoint/families/gemma4.py", [('"partial_rotary_factor": 0.25,', '"partial_rotary_factor": 1.0,')],
+      "test_checkpoint.py::test_gemma4_drafts_default_their_rope_and_activation_like_transformers"),
+    m("H8b", "a Gemma-4 draft's activation read from hidden_act instead of hidden_activation",
+      "checkpoint/families/gemma4.py", [('view.get("hidden_activation", "gelu_pytorch_tanh")',
+                                         'view.get("hidden_act", "gelu_pytorch_tanh")')],
+      "test_checkpoint.py::test_gemma4_drafts_default_their_rope_and_activation_like_transformers"),
 ]
 
 
