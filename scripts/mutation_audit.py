@@ -209,6 +209,9 @@ MUTATIONS = [
       "checkpoint/families/gemma4.py", [('view.get("hidden_activation", "gelu_pytorch_tanh")',
                                          'view.get("hidden_act", "gelu_pytorch_tanh")')],
       "test_checkpoint.py::test_gemma4_drafts_default_their_rope_and_activation_like_transformers"),
+    m("H9", "a draft loaded from NVFP4 and saved keeps the input's quantization_config", "model/draft_io.py",
+      [('    config.pop("quantization_config", None)\n', "")],
+      "test_draft.py::test_a_draft_loaded_from_nvfp4_is_saved_dense_without_its_quantization_config"),
 ]
 
 
