@@ -212,6 +212,9 @@ MUTATIONS = [
     m("H9", "a draft loaded from NVFP4 and saved keeps the input's quantization_config", "model/draft_io.py",
       [('    config.pop("quantization_config", None)\n', "")],
       "test_draft.py::test_a_draft_loaded_from_nvfp4_is_saved_dense_without_its_quantization_config"),
+    m("H10", "the target check accepts layer_types longer than the target's depth", "checkpoint/target_files.py",
+      [("(count(layers) and len(types) != layers)", "(count(layers) and len(types) < layers)")],
+      "test_target_files.py"),
 ]
 
 
