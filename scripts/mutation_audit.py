@@ -215,6 +215,9 @@ MUTATIONS = [
     m("H10", "the target check accepts layer_types longer than the target's depth", "checkpoint/target_files.py",
       [("(count(layers) and len(types) != layers)", "(count(layers) and len(types) < layers)")],
       "test_target_files.py"),
+    m("H11", "training compares each block slot with the target's distribution one position late", "train/loss.py",
+      [("target_index=positions.clamp(max=T - 1),", "target_index=(positions + 1).clamp(max=T - 1),")],
+      "test_train.py::test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position"),
 ]
 
 

@@ -149,6 +149,31 @@ def _fixed_batch_loss(trainer, tokens, anchors) -> float:
         return trainer.batch_loss(tokens, trainer.draft.target_features(hidden), logits, anchors).loss.item()
 
 
+def test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position(tmp_path, tiny_pair):
+    """Slot j of the block anchored at a predicts the token at a + j + 1, which the target predicts from position
+    a + j. Hand-built target logits put all mass on token t at position t; a draft that puts slot j's mass on
+    token a + j then has L1 = 0 (and acceptance 1) everywhere, one that puts it on a + j + 1 has L1 = 2."""
+    run = prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "out", SHAPE, OPTIONS)
+    trainer, T, V = run.trainer, 16, 32
+    tokens = torch.arange(T)[None]  # [1, T]
+    target_logits = torch.full((1, T, V), -1e4).scatter(-1, torch.arange(T).view(1, T, 1), 0.0)
+    anchors = torch.tensor([[0, 5, 9]])
+    K = trainer.draft.config.block_size.value
+
+    def draft_putting_mass_at(shift):
+        def model(features, blocks):  # draft logits [1, A, K, V]: slot j of anchor a on token a + j + shift
+            ids = (blocks.positions.view(1, -1, K) + shift).clamp(max=V - 1)
+            return torch.full((1, ids.shape[1], K, V), -1e4).scatter(-1, ids[..., None], 0.0), None
+        return model
+
+    features = torch.zeros(1, T, 1)  # unused by the stand-in draft
+    trainer.model = draft_putting_mass_at(0)
+    aligned = trainer.batch_loss(tokens, features, target_logits, anchors)
+    assert aligned.l1 == pytest.approx(0.0, abs=1e-4) and aligned.accept == pytest.approx([1.0] * K)
+    trainer.model = draft_putting_mass_at(1)
+    assert trainer.batch_loss(tokens, features, target_logits, anchors).l1 == pytest.approx(2.0, abs=1e-4)
+
+
 def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):
     from dspark_cli.runtime.checkpoint.read import open_checkpoint
     from dspark_cli.runtime.model.draft_io import load_draft
