@@ -218,6 +218,9 @@ MUTATIONS = [
     m("H11", "training compares each block slot with the target's distribution one position late", "train/loss.py",
       [("target_index=positions.clamp(max=T - 1),", "target_index=(positions + 1).clamp(max=T - 1),")],
       "test_train.py::test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position"),
+    m("H12", "train's target layers accept the target's last layer (post-norm)", "train/new_draft.py",
+      [("layers[-1] > num_layers - 2:", "layers[-1] > num_layers - 1:")],
+      "test_train.py::test_target_layers_stop_before_the_targets_last_layer"),
 ]
 
 

@@ -113,6 +113,20 @@ def test_default_target_layers_follow_deepspec():
     assert default_target_layers(4, 3) == [0, 1, 2]
 
 
+def test_target_layers_stop_before_the_targets_last_layer():
+    """Ids -1 (the embeddings) .. L-2 feed a draft; the last layer's output is post-norm (validate refuses it,
+    DSP034), so asking for it is refused before training, as are repeated or decreasing ids."""
+    from dspark_cli.runtime.checkpoint.target_config import TargetConfig
+    from dspark_cli.runtime.train.new_draft import draft_target_layers
+
+    target = TargetConfig.from_dict({"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64,
+                                     "vocab_size": 300})
+    assert draft_target_layers(target, DraftShape(target_layers=(-1, 1, 2))) == [-1, 1, 2]
+    for layers in ((0, 3), (3,), (-2, 1), (1, 1), (2, 1)):
+        with pytest.raises(DsparkError, match=r"target-layers option .* -1\.\.2 \(the target has 4 layers"):
+            draft_target_layers(target, DraftShape(target_layers=layers))
+
+
 def test_a_draft_for_a_gelu_target_is_a_silu_qwen3_draft():
     """The draft layer is Qwen3's (SiLU MLP) whatever the target's activation: copying a Gemma-style target's
     hidden_act would describe another network and make vLLM refuse the draft (DSP035)."""
