@@ -221,6 +221,9 @@ MUTATIONS = [
     m("H12", "train's target layers accept the target's last layer (post-norm)", "train/new_draft.py",
       [("layers[-1] > num_layers - 2:", "layers[-1] > num_layers - 1:")],
       "test_train.py::test_target_layers_stop_before_the_targets_last_layer"),
+    m("H13", "validate does not report repeated target layer ids (DSP018)", "checkpoint/rules/config_rules.py",
+      [("if any(b <= a for a, b in zip(values, values[1:])):", "if any(b < a for a, b in zip(values, values[1:])):")],
+      "test_validate_rules.py::test_rule_triggers"),
 ]
 
 
