@@ -6,7 +6,7 @@ Works on a temporary copy of src/ and tests/ (the checkout is never edited). Pri
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
-heads (B1-B3).
+heads (B1-B3), and the bugs a later audit found the suite let pass (H1-H13).
 """
 
 from __future__ import annotations
@@ -176,6 +176,54 @@ MUTATIONS = [
     m("B3", "a gated / RNN head's projections are not counted in the weight bytes", "bench/report.py",
       [("block * batch * r * head.weights.w1.element_size() + block * _projection_bytes(head)",
         "block * batch * r * head.weights.w1.element_size()")], "test_bench.py"),
+    # tests that could not fail (H1-H13)
+    m("H1", "the first token after the prompt sampled without top-k/top-p", "decode/speculative.py",
+      [("first = int(sampling.sample(sampling.target_probs(logits[None], params), generator)[0])",
+        "first = int(sampling.sample(sampling.target_probs(logits[None], "
+        "SamplingParams(temperature=params.temperature)), generator)[0])")],
+      ROUND + "::test_the_first_token_after_the_prompt_is_drawn_within_top_k_and_top_p"),
+    m("H2", "eval --compare flags a significant rise but not a significant drop", "measure/evaluation.py",
+      [("significant = difference.low > 0 or difference.high < 0", "significant = difference.low > 0")],
+      "test_eval.py::test_compare_pairs_by_prompt_and_judges_significance"),
+    m("H3", "resume matches finished prompts by set and index, not by the prompt's text", "measure/evaluation.py",
+      [("        return set_name, index, prompt\n", "        return set_name, index, \"\"\n")],
+      "test_eval.py::test_a_finished_prompt_counts_only_for_the_same_prompt_text"),
+    m("H4", "calibration's held-out split keyed per run: one prompt lands on both sides", "measure/calibration.py",
+      [("by_prompt.setdefault((r.set_name, r.index, r.prompt), [])",
+        "by_prompt.setdefault((r.set_name, r.index, r.prompt, name), [])")],
+      CALIBRATION + "::test_a_prompt_in_two_runs_stays_on_one_side_of_the_split"),
+    m("H5", "ece_before scored on the fitting prompts instead of the held-out ones", "measure/calibration.py",
+      [("    before = survival_calibration(held, [1.0] * block, block)",
+        "    before = survival_calibration(fitting, [1.0] * block, block)")],
+      CALIBRATION + "::test_ece_before_and_after_score_the_same_held_out_pairs"),
+    m("H6", "calibrate counts drafted positions as verified (cut and stop-token rounds add false rejections)",
+      "measure/calibration.py", [('data.verified.append(r["proposed"])', 'data.verified.append(r["drafted"])')],
+      CALIBRATION + "::test_positions_drafted_but_not_verified_have_no_outcome"),
+    m("H7", "plan recommends an STS-calibrated row, which vLLM cannot deploy", "measure/replay.py",
+      [("\n              and not row.rule.calibrated and not (", "\n              and not (")],
+      "test_replay.py::test_the_recommendation_is_a_row_vllm_can_deploy"),
+    m("H8a", "a Gemma-4 draft without the full-attention RoPE entry rotates every frequency",
+      "checkpoint/families/gemma4.py", [('"partial_rotary_factor": 0.25,', '"partial_rotary_factor": 1.0,')],
+      "test_checkpoint.py::test_gemma4_drafts_default_their_rope_and_activation_like_transformers"),
+    m("H8b", "a Gemma-4 draft's activation read from hidden_act instead of hidden_activation",
+      "checkpoint/families/gemma4.py", [('view.get("hidden_activation", "gelu_pytorch_tanh")',
+                                         'view.get("hidden_act", "gelu_pytorch_tanh")')],
+      "test_checkpoint.py::test_gemma4_drafts_default_their_rope_and_activation_like_transformers"),
+    m("H9", "a draft loaded from NVFP4 and saved keeps the input's quantization_config", "model/draft_io.py",
+      [('    config.pop("quantization_config", None)\n', "")],
+      "test_draft.py::test_a_draft_loaded_from_nvfp4_is_saved_dense_without_its_quantization_config"),
+    m("H10", "the target check accepts layer_types longer than the target's depth", "checkpoint/target_files.py",
+      [("(count(layers) and len(types) != layers)", "(count(layers) and len(types) < layers)")],
+      "test_target_files.py"),
+    m("H11", "training compares each block slot with the target's distribution one position late", "train/loss.py",
+      [("target_index=positions.clamp(max=T - 1),", "target_index=(positions + 1).clamp(max=T - 1),")],
+      "test_train.py::test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position"),
+    m("H12", "train's target layers accept the target's last layer (post-norm)", "train/new_draft.py",
+      [("layers[-1] > num_layers - 2:", "layers[-1] > num_layers - 1:")],
+      "test_train.py::test_target_layers_stop_before_the_targets_last_layer"),
+    m("H13", "validate does not report repeated target layer ids (DSP018)", "checkpoint/rules/config_rules.py",
+      [("if any(b <= a for a, b in zip(values, values[1:])):", "if any(b < a for a, b in zip(values, values[1:])):")],
+      "test_validate_rules.py::test_rule_triggers"),
 ]
 
 

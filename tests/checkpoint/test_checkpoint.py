@@ -74,6 +74,26 @@ def test_config_resolution_order():
     assert DraftConfig.from_dict(raw).hidden_state_indices == [2, 4]
 
 
+def test_gemma4_drafts_default_their_rope_and_activation_like_transformers():
+    """A Gemma-4 draft config without the full-attention RoPE entry takes Gemma4TextConfig's default (proportional,
+    a quarter of the frequencies rotate, theta 1e6); its activation is `hidden_activation` (Gemma's key), never
+    `hidden_act`."""
+    raw = draft_config(DraftSpec(family="gemma4"))
+    assert DraftConfig.from_dict(raw).rope_partial_factor == 0.25
+    for rope in (None, {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}):
+        edited = {k: v for k, v in raw.items() if k != "rope_parameters"}
+        if rope is not None:
+            edited["rope_parameters"] = rope
+        config = DraftConfig.from_dict(edited)
+        assert (config.rope_partial_factor, config.rope_theta) == (0.25, 1e6)
+    plain = DraftConfig.from_dict({**raw, "rope_parameters": {"full_attention": {"rope_type": "default",
+                                                                                 "rope_theta": 5e5}}})
+    assert (plain.rope_partial_factor, plain.rope_theta) == (1.0, 5e5)
+    assert DraftConfig.from_dict({**raw, "hidden_activation": "gelu", "hidden_act": "silu"}).hidden_act == "gelu"
+    unnamed = {k: v for k, v in raw.items() if k != "hidden_activation"}
+    assert DraftConfig.from_dict({**unnamed, "hidden_act": "silu"}).hidden_act == "gelu_pytorch_tanh"
+
+
 def test_dflash_config_is_recognised(tmp_path):
     path = write_draft(tmp_path / "d", DraftSpec(markov_rank=0, confidence=False))
     config = DraftConfig.from_dict(open_checkpoint(path).config)

@@ -299,6 +299,7 @@ CASES = [
     Case("DSP017", edited(target_layer_ids=None)),
     Case("DSP017", edited(target_layer_ids="0,2")),
     Case("DSP018", edited(target_layer_ids=[2, 0])),
+    Case("DSP018", edited(target_layer_ids=[2, 2])),  # a repeated id is not strictly increasing either
     Case("DSP019", edited(target_layer_ids=[0, 4])),
     Case("DSP019", edited(target_layer_ids=[0, 2]), target=target(num_hidden_layers=2)),
     Case("DSP020", lambda p: write_draft(p, S.with_(draft_vocab_size=300)), target=target()),

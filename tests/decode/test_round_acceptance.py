@@ -104,3 +104,17 @@ def test_acceptance_of_positions_1_and_2_matches_p_and_q(pair, params):
     assert within(both_accepted / DRAWS, exact_both, DRAWS), (both_accepted / DRAWS, exact_both)
     for token in range(VOCAB):
         assert within(float(first_tokens[token]) / DRAWS, float(p1[token]), DRAWS), (first_tokens / DRAWS, p1)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, top_p=0.6)],
+                         ids=["top-k2", "top-p0.6"])
+def test_the_first_token_after_the_prompt_is_drawn_within_top_k_and_top_p(pair, params):
+    """prefill samples the first new token from the target's distribution under the request's top-k / top-p: it
+    never lies outside the kept set (the 4-token target is near uniform, so unrestricted draws would)."""
+    target, draft = pair
+    logits, _ = target.prefill(torch.tensor(PROMPT))
+    kept = set(target_probs(logits[None], params)[0].nonzero().flatten().tolist())
+    assert 1 < len(kept) < VOCAB
+    generator = torch.Generator().manual_seed(0)
+    drawn = {prefill(target, draft, torch.tensor(PROMPT), params, generator, capacity=4)[0] for _ in range(60)}
+    assert drawn == kept

@@ -14,6 +14,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.measure import calibration as sts
 from dspark_cli.runtime.measure import evaluation as ev
 from dspark_cli.runtime.measure.metrics import expected_calibration_error
+from dspark_cli.runtime.rounds import RoundRecord
 
 runner = CliRunner()
 
@@ -125,6 +126,56 @@ def test_only_verified_positions_are_pairs():
         sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2)  # not blamed on a threshold the runs never used
     with pytest.raises(DsparkError, match="position 2 .*their confidence threshold cut every round"):
         sts.fit_sts(sts.Rounds([[1.0, 1.0]], [1], [1]), 2, threshold_cut=True)
+
+
+def _run(prompts=10, block=2, seed=0):
+    """An eval run of one set: prompt i has i + 2 full rounds with random logits and acceptances."""
+    rng = random.Random(seed)
+    results = []
+    for i in range(prompts):
+        rounds = []
+        for _ in range(i + 2):
+            accepted = rng.randrange(block + 1)
+            rounds.append(RoundRecord(block, accepted, accepted + 1,
+                                      confidence_logits=[rng.gauss(1.0, 2.0) for _ in range(block)]).__dict__)
+        results.append(ev.PromptResult("s", i, f"p{i}", 3, 10, 0.01, 0.1, rounds, [], False))
+    return ev.EvalRun({"block_size": block}, [ev.PromptSet("s", "s.txt", [f"p{i}" for i in range(prompts)])],
+                      results)
+
+
+def test_a_prompt_in_two_runs_stays_on_one_side_of_the_split():
+    """Two runs of the same prompts: the split is of prompts, so the second run doubles every count on both sides
+    and changes neither the prompts each side holds nor the temperatures."""
+    one = sts.fit_runs([_run()], ["a"])
+    two = sts.fit_runs([_run(), _run()], ["a", "b"])
+    assert (two.fit_prompts, two.heldout_prompts) == (one.fit_prompts, one.heldout_prompts) == (7, 3)
+    assert two.fit_rounds == 2 * one.fit_rounds
+    assert [c.count for c in two.after] == [2 * c.count for c in one.after]
+    assert two.temperatures == one.temperatures
+
+
+def test_ece_before_and_after_score_the_same_held_out_pairs():
+    """ece_before is the held-out survival at T = 1: the same pairs ece_after scores, none of the fitting ones."""
+    run = _run()
+    result = sts.fit_runs([run], ["a"])
+    _, held = sts.split_prompts([(r.set_name, r.index, r.prompt) for r in run.results])
+    held_rounds = sts.rounds_of([r for r in run.results if (r.set_name, r.index, r.prompt) in held], "a")
+    assert result.before == sts.survival_calibration(held_rounds, [1.0, 1.0], 2)
+    assert [c.count for c in result.before] == [c.count for c in result.after] == [len(held_rounds)] * 2
+
+
+def test_positions_drafted_but_not_verified_have_no_outcome():
+    """A confidence cut (2 of 4 positions scored) and an accepted stop token (proposed = its index + 1) leave the
+    later drafted positions unverified: they are no pairs, not rejections."""
+    logits = [1.0, 1.0, 1.0, 1.0]
+    rounds = [RoundRecord(4, 1, 2, confidence_logits=logits),  # all 4 verified, 1 accepted
+              RoundRecord(2, 2, 3, drafted=4, confidence_logits=logits),  # cut after 2, both accepted
+              RoundRecord(2, 2, 2, drafted=4, confidence_logits=logits)]  # the 2nd token is an accepted stop
+    result = ev.PromptResult("s", 0, "p", 3, 7, 0.01, 0.1, [r.__dict__ for r in rounds], [], True)
+    data = sts.rounds_of([result], "run")
+    assert data.verified == [4, 2, 2]
+    per_position = sts.survival_calibration(data, [1.0] * 4, 4)
+    assert [(c.count, c.positives) for c in per_position] == [(3, 3), (3, 2), (1, 0), (1, 0)]
 
 
 def test_temperature_files_of_both_engines_load_and_bad_ones_are_one_sentence(tmp_path):

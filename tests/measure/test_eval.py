@@ -114,6 +114,8 @@ def test_compare_pairs_by_prompt_and_judges_significance():
     better = [_result("s", i, f"p{i}", [i % 3 + 1, 2, 1]) for i in range(30)]
     result = ev.compare_tau(better, old)
     assert result["paired"] and result["difference"] == pytest.approx(1.0) and result["significant"] is True
+    drop = ev.compare_tau(old, better)  # a drop is as significant as a rise
+    assert drop["difference"] == pytest.approx(-1.0) and drop["ci"][1] < 0 and drop["significant"] is True
     other = [_result("s", i, f"q{i}", [i % 3, 1, 0]) for i in range(30)]
     assert ev.compare_tau(other, old)["paired"] is False
 
@@ -273,6 +275,18 @@ def test_resume_with_data_may_add_sets_but_not_drop_one_with_results(tmp_path):
     assert added.exit_code == 0, added.output
     run = ev.EvalRun.load(run_file)  # still a run file dspark reads
     assert [s.name for s in run.sets] == ["eval_code", "eval_prose"] and len(run.results) == 2
+
+
+def test_a_finished_prompt_counts_only_for_the_same_prompt_text():
+    """A result belongs to (set, index, prompt): a set whose prompt at that index changed runs it again and does
+    not report the old result (resuming by set and index alone would keep an answer to another prompt)."""
+    run = ev.EvalRun({}, [ev.PromptSet("s", "s.txt", ["a", "b"])], [_result("s", 0, "a", [1])])
+    changed = ev.PromptSet("s", "s.txt", ["x", "b"])
+    assert ev.pending_prompts(run, [changed]) == [("s", 0, "x"), ("s", 1, "b")]
+    assert run.results_of(changed) == []
+    ran = []
+    assert ev.run_set(run, changed, lambda i, text: ran.append(text) or _result("s", i, text, [0])) == 2
+    assert ran == ["x", "b"] and [r.prompt for r in run.results_of(changed)] == ["x", "b"]
 
 
 def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):

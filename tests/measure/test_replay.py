@@ -80,6 +80,19 @@ def test_replay_tau_and_tokens_per_s_from_a_cost_table():
     assert replay.recommendation_notes(same, 4) == replay.recommendation_notes(threshold, 4) == []
 
 
+def test_the_recommendation_is_a_row_vllm_can_deploy():
+    """vLLM takes a verify length or an uncalibrated survival threshold: a faster STS-calibrated or per-slot row is
+    never recommended."""
+    def row(rule, tokens_per_s):
+        return replay.Row(rule, 2.0, [1.9, 2.1], 1.0, 5.0, 0, 10, tokens_per_s=tokens_per_s)
+
+    plain = row(Rule("survival", 0.5), 100.0)
+    rows = [row(Rule("fixed", 4), 90.0), plain, row(Rule("survival", 0.5, calibrated=True), 130.0),
+            row(Rule("per-slot", 0.5), 120.0)]
+    assert replay.recommend(rows) is plain
+    assert replay.recommend(rows, kinds=("fixed",)).rule == Rule("fixed", 4)
+
+
 def test_cost_tables_are_checked(tmp_path):
     path = tmp_path / "costs.json"
     for bad in ({"tokens": [1, 2], "ms": [1.0]}, {"tokens": [1, 1], "ms": [1.0, 2.0]}, {"tokens": [0], "ms": [1.0]},

@@ -1,6 +1,8 @@
+import json
+
 import pytest
 import torch
-from ckpt_factory import DraftSpec, drop, rename, write_draft
+from ckpt_factory import DraftSpec, drop, rename, write_draft, write_nvfp4_draft
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.model.draft_io import load_draft, save_draft
@@ -50,6 +52,19 @@ def test_save_and_reload_round_trip(tmp_path, draft_dir):
     again = load_draft(save_draft(model, tmp_path / "saved"))
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_a_draft_loaded_from_nvfp4_is_saved_dense_without_its_quantization_config(tmp_path):
+    """Loading dequantizes markov_w2, so the saved draft is a dense one: a quantization_config kept from the input
+    would describe NVFP4 tensors the folder no longer holds."""
+    source = write_nvfp4_draft(tmp_path / "nvfp4")
+    assert "quantization_config" in json.loads((source / "config.json").read_text())
+    model = load_draft(source)
+    saved = save_draft(model, tmp_path / "saved", dtype=torch.float32)
+    assert "quantization_config" not in json.loads((saved / "config.json").read_text())
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "model.safetensors"]  # no hf_quant_config.json
+    again = load_draft(saved)
+    assert torch.equal(again.markov_head.markov_w2.weight, model.markov_head.markov_w2.weight)
 
 
 def test_embed_and_lm_head_are_shared_from_the_target(tmp_path, spec):

@@ -113,6 +113,20 @@ def test_default_target_layers_follow_deepspec():
     assert default_target_layers(4, 3) == [0, 1, 2]
 
 
+def test_target_layers_stop_before_the_targets_last_layer():
+    """Ids -1 (the embeddings) .. L-2 feed a draft; the last layer's output is post-norm (validate refuses it,
+    DSP034), so asking for it is refused before training, as are repeated or decreasing ids."""
+    from dspark_cli.runtime.checkpoint.target_config import TargetConfig
+    from dspark_cli.runtime.train.new_draft import draft_target_layers
+
+    target = TargetConfig.from_dict({"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64,
+                                     "vocab_size": 300})
+    assert draft_target_layers(target, DraftShape(target_layers=(-1, 1, 2))) == [-1, 1, 2]
+    for layers in ((0, 3), (3,), (-2, 1), (1, 1), (2, 1)):
+        with pytest.raises(DsparkError, match=r"target-layers option .* -1\.\.2 \(the target has 4 layers"):
+            draft_target_layers(target, DraftShape(target_layers=layers))
+
+
 def test_a_draft_for_a_gelu_target_is_a_silu_qwen3_draft():
     """The draft layer is Qwen3's (SiLU MLP) whatever the target's activation: copying a Gemma-style target's
     hidden_act would describe another network and make vLLM refuse the draft (DSP035)."""
@@ -147,6 +161,31 @@ def _fixed_batch_loss(trainer, tokens, anchors) -> float:
     with torch.no_grad():
         hidden, logits = target_forward(trainer.target, tokens)
         return trainer.batch_loss(tokens, trainer.draft.target_features(hidden), logits, anchors).loss.item()
+
+
+def test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position(tmp_path, tiny_pair):
+    """Slot j of the block anchored at a predicts the token at a + j + 1, which the target predicts from position
+    a + j. Hand-built target logits put all mass on token t at position t; a draft that puts slot j's mass on
+    token a + j then has L1 = 0 (and acceptance 1) everywhere, one that puts it on a + j + 1 has L1 = 2."""
+    run = prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "out", SHAPE, OPTIONS)
+    trainer, T, V = run.trainer, 16, 32
+    tokens = torch.arange(T)[None]  # [1, T]
+    target_logits = torch.full((1, T, V), -1e4).scatter(-1, torch.arange(T).view(1, T, 1), 0.0)
+    anchors = torch.tensor([[0, 5, 9]])
+    K = trainer.draft.config.block_size.value
+
+    def draft_putting_mass_at(shift):
+        def model(features, blocks):  # draft logits [1, A, K, V]: slot j of anchor a on token a + j + shift
+            ids = (blocks.positions.view(1, -1, K) + shift).clamp(max=V - 1)
+            return torch.full((1, ids.shape[1], K, V), -1e4).scatter(-1, ids[..., None], 0.0), None
+        return model
+
+    features = torch.zeros(1, T, 1)  # unused by the stand-in draft
+    trainer.model = draft_putting_mass_at(0)
+    aligned = trainer.batch_loss(tokens, features, target_logits, anchors)
+    assert aligned.l1 == pytest.approx(0.0, abs=1e-4) and aligned.accept == pytest.approx([1.0] * K)
+    trainer.model = draft_putting_mass_at(1)
+    assert trainer.batch_loss(tokens, features, target_logits, anchors).l1 == pytest.approx(2.0, abs=1e-4)
 
 
 def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):
