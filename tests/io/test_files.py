@@ -250,7 +250,7 @@ def test_bench_refuses_a_folder_and_the_same_file_twice(tmp_path):
     result = runner.invoke(app, ["bench", "markov", "--json", str(tmp_path)])
     assert result.exit_code == 2 and "is a folder" in words(result.stderr)
     result = runner.invoke(app, ["bench", "markov", "--json", str(tmp_path / "a"), "--plot", str(tmp_path / "a")])
-    assert result.exit_code == 2 and "different files" in words(result.stderr)
+    assert result.exit_code == 2 and "--plot file" in words(result.stderr) and "is the --json file" in words(result.stderr)
 
 
 # --- exclusive, atomic output folders -----------------------------------------------------------------------------------

@@ -166,6 +166,13 @@ def test_a_run_of_a_smaller_block_is_measured_and_stands_in_for_that_k(real_runs
     cut = ev.EvalRun({**x05.settings, "block_size": 3}, x05.sets, x05.results)
     with pytest.raises(DsparkError, match="block size 3 cut verification with a confidence threshold"):
         replay.replay_runs([full, cut])
+    for key, other in (("target", "/elsewhere/target"), ("draft", "./another-draft"), ("temperature", 1.0),
+                       ("top_p", 0.9), ("max_new_tokens", 7)):  # another pair or sampling may not stand in
+        foreign = ev.EvalRun({**k3.settings, key: other}, k3.sets, k3.results)
+        with pytest.raises(DsparkError, match=f"block size 3 were made with {key} "):
+            replay.replay_runs([full, foreign])
+    slash = ev.EvalRun({**k3.settings, "draft": k3.settings["draft"] + "/"}, k3.sets, k3.results)
+    assert len(replay.replay_runs([full, slash])[1]) == len(rows)  # the same folder spelled with a slash
 
 
 def test_bench_verify_then_plan_then_serve_from_plan(real_runs, tmp_path):

@@ -204,11 +204,33 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
     return block, rows, notes
 
 
+# What a block-k run must share with the full-block runs to stand in for k (the pair as given, the sampling, the
+# length rule's inputs, the prompts' template); the block size, device and timings may differ.
+SAME_RUN_SETTINGS = ("target", "draft", "temperature", "top_p", "top_k", "max_new_tokens", "chat", "thinking",
+                     "seed", "dtype")
+_RUN_DEFAULTS = {"top_p": 1.0, "top_k": 0}  # runs before these were recorded
+
+
+def _setting(run, key: str):
+    """A run's setting for comparison; paths compared as paths (a trailing slash is the same folder)."""
+    value = run.settings.get(key, _RUN_DEFAULTS.get(key))
+    return str(Path(value)) if key in ("target", "draft") and isinstance(value, str) else value
+
+
 def _measured_prompts(measured: list, base: list, k: int, block: int) -> list[list[Round]]:
     """The rounds of the block-k runs, checked to be fixed-block runs of the base runs' prompts."""
     if any(run.settings.get("confidence_threshold") is not None for run in measured):
         raise DsparkError(f"the runs of block size {k} cut verification with a confidence threshold; give runs of "
-                          f"`dspark eval` with the block-size option {k} and without the confidence-threshold option to measure block {k}.")
+                          f"`dspark eval` with the block-size option {k} and without the confidence-threshold option "
+                          f"to measure block {k}.")
+    for key in SAME_RUN_SETTINGS:
+        ours = {_setting(run, key) for run in base}
+        theirs = {_setting(run, key) for run in measured}
+        if ours != theirs:
+            raise DsparkError(f"the runs of block size {k} were made with {key} {sorted(theirs, key=str)} and the "
+                              f"block-{block} runs with {sorted(ours, key=str)}; a measured block stands in only for "
+                              "the same pair, sampling and length: run `dspark eval` with the block-size option "
+                              f"{k} and the block-{block} runs' other settings.")
     keys = {(r.set_name, r.index, r.prompt) for run in measured for r in run.results}
     base_keys = {(r.set_name, r.index, r.prompt) for run in base for r in run.results}
     if keys != base_keys:
