@@ -327,3 +327,17 @@ def test_a_folder_name_that_is_not_utf8_is_named_not_the_file(pair, tmp_path, wh
 def test_a_prompt_that_is_not_utf8_is_one_sentence():
     result = generate("caf\udce9")  # the shell's bytes b"caf\xe9" (Latin-1), as Python receives them
     assert result.exit_code == 2 and "is not valid UTF-8" in result.output and "Traceback" not in result.output
+
+
+def test_a_prompts_file_is_read_bounded_and_refused_in_one_sentence(tmp_path, monkeypatch):
+    from dspark_cli.runtime.measure import evaluation
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one prompt\n" * 10)
+    monkeypatch.setattr(evaluation, "MAX_PROMPT_SET_BYTES", 32)  # the cap (1 GiB) made small
+    result = generate("--prompts", str(prompts))
+    assert result.exit_code == 2 and "prompts file" in result.output and "Traceback" not in result.output
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    result = generate("--prompts", str(latin))
+    assert result.exit_code == 2 and "not UTF-8" in result.output

@@ -159,13 +159,10 @@ def read_prompts(path: Path) -> list[str]:
     """Prompts from a .txt file (one per non-empty line) or a .jsonl file (per line a JSON string, an object with
     a 'prompt' string, or a `dspark eval` prompt-set record whose 'turns' list gives the first turn)."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.io.reading import parse_json_text
-    from dspark_cli.runtime.measure.evaluation import prompt_of_record
+    from dspark_cli.runtime.io.reading import parse_json_text, read_bounded_text
+    from dspark_cli.runtime.measure.evaluation import MAX_PROMPT_SET_BYTES, prompt_of_record
 
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DsparkError(f"cannot read --prompts {path}: {error}.") from None
+    lines = read_bounded_text(path, "prompts file", MAX_PROMPT_SET_BYTES).splitlines()  # ReadError: one sentence
     if path.suffix == ".txt":
         return [line for line in lines if line.strip()]
     if path.suffix != ".jsonl":
