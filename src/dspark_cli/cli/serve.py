@@ -60,12 +60,12 @@ def serve(
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
     block_size, threshold = plan_settings(from_plan, block_size)
     chosen = engine(engine_name)
-    request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
-                           draft_sample_method=draft_sample_method, port=port, engine_args=tuple(vllm_args or ()),
-                           confidence_threshold=threshold,
-                           calibration=None if calibration is None else str(calibration.expanduser().resolve()),
-                           files_dir=files_dir(json_path, dry_run))
     try:
+        request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
+                               draft_sample_method=draft_sample_method, port=port,
+                               engine_args=tuple(vllm_args or ()), confidence_threshold=threshold,
+                               calibration=None if calibration is None else str(calibration.expanduser().resolve()),
+                               files_dir=files_dir(json_path, dry_run))
         plan = chosen.plan(request)
     except DraftRefused as refused:
         if json_path is not None:

@@ -43,6 +43,11 @@ class ServeRequest:
     calibration: str | None = None  # STS temperatures file of `dspark calibrate` (engines that read one)
     files_dir: str = "."  # where the caller writes the plan's `files`; the argv names them there
 
+    def __post_init__(self) -> None:
+        """The one check every engine shares: a port the OS can listen on."""
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise DsparkError(f"the port must be between 1 and 65535, got {self.port}.")
+
 
 @dataclass
 class ServePlan:

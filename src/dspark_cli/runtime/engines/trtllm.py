@@ -92,8 +92,6 @@ def check_request(request: ServeRequest) -> None:
                           "serve with vLLM.")
     if request.draft_sample_method != "probabilistic":
         raise DsparkError("the draft sample method is a vLLM setting; drop it for TensorRT-LLM.")
-    if request.port is not None and not 1 <= request.port <= 65535:
-        raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
     for arg in request.engine_args:
         flag = arg.split("=", 1)[0]
         if flag in ("--extra_llm_api_options", "--extra-llm-api-options") or (

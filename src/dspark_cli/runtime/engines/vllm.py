@@ -87,8 +87,6 @@ def check_request(request: ServeRequest) -> None:
     if request.draft_sample_method not in DRAFT_SAMPLE_METHODS:
         raise DsparkError(f"the draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, "
                           f"got {request.draft_sample_method!r}.")
-    if request.port is not None and not 1 <= request.port <= 65535:
-        raise DsparkError(f"the port must be between 1 and 65535, got {request.port}.")
     for arg in request.engine_args:
         flag = arg.split("=", 1)[0]
         if sets_speculative_config(arg):
