@@ -304,3 +304,24 @@ def test_a_written_draft_dspark_refuses_ends_the_run_with_findings(pair, tmp_pat
     text = " ".join(result.output.split())
     assert "fails dspark's own checks with this target: DSP045" in text and "the draft is kept" in text
     assert (out / "model.safetensors").is_file()
+
+
+def test_an_engine_that_cannot_serve_the_head_type_is_refused_before_training(pair, tmp_path):
+    out = tmp_path / "draft"
+    result = train(pair, out, "--engine", "vllm", "--markov-head-type", "gated")
+    one_sentence_error(result, "--engine vllm: vLLM serves no gated Markov head (validate's DSP012)", "sglang")
+    assert not out.exists()  # refused before anything was written
+
+
+def test_auto_picks_an_engine_that_serves_the_head_and_a_named_engine_judges_the_draft(pair, tmp_path):
+    """A gated head: auto trains for SGLang (vLLM serves vanilla heads only). This tokenizer has no free mask id, so
+    the draft adds a vocabulary row, which SGLang refuses (DSP703): the verdict says so; with --engine sglang named,
+    the run ends with exit 1 and the draft kept."""
+    result = train(pair, tmp_path / "auto", "--markov-head-type", "gated")
+    assert result.exit_code == 0, result.output
+    assert "SGLang: refuses (DSP703)  (trained for)" in result.output and "vLLM: refuses (DSP012)" in result.output
+    named = train(pair, tmp_path / "named", "--markov-head-type", "gated", "--engine", "sglang")
+    assert named.exit_code == 1, named.output
+    text = " ".join(named.output.split())
+    assert "SGLang, the engine this draft was trained for, refuses" in text and "DSP703" in text
+    assert (tmp_path / "named" / "model.safetensors").is_file()

@@ -101,6 +101,10 @@ def train(
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
                                        help="Under torchrun: seconds a process waits for the others in a "
                                        "collective before the run fails."),
+    engine_name: opts.engine("Serving engine the draft is for: auto (the first that serves the head type: vllm for "
+                             "vanilla, sglang for gated / rnn), vllm, sglang, trtllm or llamacpp; a head type it "
+                             "cannot serve is refused before training, and the run ends with its verdict.",
+                             choices=("auto", *opts.ENGINE_NAMES)) = "auto",
 ) -> None:
 
     from transformers.utils import logging as hf_logging
@@ -111,6 +115,7 @@ def train(
     from dspark_cli.runtime.train.new_draft import DraftShape
     from dspark_cli.runtime.io.outputs import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
+    from dspark_cli.runtime.train.verdict import engine_for_head
 
     hf_logging.disable_progress_bar()
 
@@ -131,6 +136,7 @@ def train(
     ).items() if value is not None}
     base = checkpoint_shape(resume) if resume is not None else DraftShape()
     shape = replace(base, **given, train_embeddings=train_embeddings, train_lm_head=train_lm_head)
+    chosen = engine_for_head(engine_name, shape.markov_head_type)  # before anything loads
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     dist = distributed.context_from_env()
@@ -157,22 +163,30 @@ def train(
                               f"{_kept_after_interrupt(out, existed)}.") from None
     render.console.print(Text.assemble("draft written to ", (str(final), "bold")))
     if dist.is_main:
-        _judge(final, target)
+        _judge(final, target, chosen, named=engine_name != "auto")
 
 
-def _judge(final: Path, target: str) -> None:
-    """Each engine's verdict on the written draft; exit 1 (findings) when dspark's own checks refuse it."""
+def _judge(final: Path, target: str, chosen, named: bool) -> None:
+    """Each engine's verdict on the written draft (the one it was trained for marked); exit 1 (findings) when
+    dspark's own checks refuse it, or the engine named with --engine does."""
     from dspark_cli.errors import EXIT_FINDINGS
     from dspark_cli.runtime.train.verdict import judge_written_draft
 
     written = judge_written_draft(final, target)
     for verdict in written.verdicts:
         codes = f" ({', '.join(f.code for f in verdict.refused)})" if verdict.refused else ""
-        render.console.print(Text(f"  {verdict.label}: {verdict.status}{codes}", style="dim"))
+        mark = "  (trained for)" if chosen is not None and verdict.engine == chosen.name else ""
+        render.console.print(Text(f"  {verdict.label}: {verdict.status}{codes}{mark}", style="dim"))
     if written.refusals:
         raise DsparkError(f"the draft written to {final} fails dspark's own checks with this target: "
                           f"{written.refusals[0]} (`dspark validate {final} --target {target}` lists every finding; "
                           "the draft is kept).", EXIT_FINDINGS)
+    ours = next((v for v in written.verdicts if chosen is not None and v.engine == chosen.name), None)
+    if named and ours is not None and ours.refused:
+        first = ours.refused[0]
+        raise DsparkError(f"{chosen.label}, the engine this draft was trained for, refuses {final}: {first.code} "
+                          f"{first.message} (the draft is kept; `dspark validate {final} --target {target} --engine "
+                          f"{chosen.name}` lists every finding).", EXIT_FINDINGS)
 
 
 def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist) -> Path:

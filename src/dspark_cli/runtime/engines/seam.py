@@ -143,6 +143,13 @@ class Engine:
         others = ENGINE_ONLY_CODES - self.own_codes
         return [finding for finding in report.errors if finding.code not in others]
 
+    def refuses_head(self, head_type: str) -> bool:
+        """Whether this engine refuses drafts with this Markov head type: validate's DSP012 (a head other than
+        vanilla) is kept by `refuses` for the engines that list it among their own codes."""
+        from dspark_cli.runtime.engines import ENGINE_ONLY_CODES
+
+        return head_type != "vanilla" and "DSP012" not in ENGINE_ONLY_CODES - self.own_codes
+
     def verdict(self, report: Report, config: DraftConfig | None) -> Verdict:
         """Serves / serves with losses / refuses: validate's errors it refuses plus its own rules (run only on a
         DSpark or DFlash draft, `config`)."""

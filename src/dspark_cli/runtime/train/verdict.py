@@ -7,6 +7,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def engine_for_head(name: str, head_type: str):
+    """The engine a training run writes for: `name`, or with "auto" the first registered engine that serves the
+    head type (vLLM for a vanilla head, SGLang for gated and RNN heads). SettingError, before any training, when the
+    named engine refuses that head type."""
+    from dspark_cli.errors import SettingError
+    from dspark_cli.runtime.engines import ENGINES, engine
+
+    serving = [e for e in ENGINES.values() if not e.refuses_head(head_type)]
+    if name == "auto":
+        return serving[0] if serving else None
+    chosen = engine(name)
+    if chosen.refuses_head(head_type):
+        others = ", ".join(e.name for e in serving) or "none"
+        raise SettingError("engine", f"{name}: {chosen.label} serves no {head_type} Markov head (validate's DSP012); "
+                                     f"train a vanilla head for it, or pick an engine that serves {head_type} heads "
+                                     f"({others}).")
+    return chosen
+
+
 @dataclass
 class WrittenDraft:
     refusals: list[str]  # dspark's own refusals of the draft with its target, one sentence each (none: it runs)
