@@ -21,7 +21,8 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
-from dspark_cli.runtime.io.outputs import atomic_output_dir, check_output_file, local_inputs
+from dspark_cli.runtime.io.outputs import (atomic_output_dir, check_writable_parent, local_inputs,
+                                        refuse_input_overlap)
 
 LAYOUTS = {"deepspec": "deepspec", "speculators": "speculators-dspark"}  # the to option -> DraftConfig.format
 DEEPSPEC_ARCHITECTURE = "Qwen3DSparkModel"
@@ -43,7 +44,8 @@ def convert_layout(draft: str, out: str | os.PathLike, to: str, target: str | No
     """Write the draft in layout `to` ("deepspec" or "speculators") as the folder `out` (exclusive unless
     `force`); a summary. DsparkError, before anything is written, when the conversion cannot be faithful."""
     out = Path(out)
-    check_output_file(out, local_inputs("draft", [draft]), "the output")
+    refuse_input_overlap(out, local_inputs("draft", [draft]), "the output folder")
+    check_writable_parent(out, "the output folder")
     ckpt = open_checkpoint(draft)
     config = DraftConfig.from_dict(ckpt.config)
     refuse(ckpt, unfaithful_reason(config, ckpt, to, target))
