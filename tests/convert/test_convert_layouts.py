@@ -19,7 +19,8 @@ from tests.fixtures.ckpt_factory import (DraftSpec, speculators_config, write_dr
 
 runner = CliRunner()
 SPEC = DraftSpec()
-SPECS = {"vanilla": SPEC, "reduced-vocab": SPEC.with_(draft_vocab_size=64), "gated": SPEC.with_(markov_head_type="gated"),
+SPECS = {"vanilla": SPEC, "reduced-vocab": SPEC.with_(draft_vocab_size=64),
+         "gated": SPEC.with_(markov_head_type="gated"),
          "one-plus-n": SPEC.with_(sample_from_anchor=False, extra_config={"dspark_bonus_anchor": True})}
 
 
