@@ -1,4 +1,4 @@
-"""`dspark convert`: a draft rewritten for another engine (llama.cpp's dflash GGUF)."""
+"""`dspark convert`: a draft rewritten for another engine (llama.cpp's dflash GGUF) or in vLLM's other layout."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from dspark_cli.cli.render import console, emit_json, handle_errors
 
 class Format(str, Enum):
     gguf = "gguf"
+    deepspec = "deepspec"
+    speculators = "speculators"
 
 
 def register(app: typer.Typer) -> None:
@@ -21,23 +23,42 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def convert(
-    draft: str = typer.Argument(..., metavar="DRAFT", help="Draft checkpoint folder (DeepSpec format)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output file (written atomically; must not exist)."),
+    draft: str = typer.Argument(..., metavar="DRAFT", help="Draft checkpoint folder (DeepSpec or speculators)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output file or folder (written atomically; must not exist)."),
     to: Format = typer.Option(
-        ..., "--to", help="gguf: llama.cpp's dflash GGUF (llama-server --spec-type draft-dspark)."
+        ..., "--to", help="gguf: llama.cpp's dflash GGUF (llama-server --spec-type draft-dspark); deepspec or "
+        "speculators: the draft folder in that DSpark layout (both read by vLLM)."
     ),
-    target: str = typer.Option(..., "--target", help="The target's folder: the GGUF takes its tokenizer."),
+    target: str = typer.Option(None, "--target", help="The target: its folder for gguf (the GGUF takes its "
+                               "tokenizer); its name or path for speculators (the verifier); unused for deepspec."),
     force: options.force("Replace OUT if it exists.") = False,
     json_path: options.json_path("the summary") = None,
 ) -> None:
     """Write the draft in another engine's format; refused, in one sentence, when it cannot be faithful."""
-    from dspark_cli.runtime.convert.gguf import convert_to_gguf
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
     check_output_file(json_path, local_inputs("draft", [draft]) + [("output", out)], "--json file")
-    summary = convert_to_gguf(draft, out, target=target, force=force)
+    summary = _to_gguf(draft, out, target, force) if to == Format.gguf else _to_layout(draft, out, to, target, force)
+    line = summary.pop("line")
     if json_path is not None:
         emit_json(summary, json_path)
     if not options.to_stdout(json_path):
-        console.print(f"wrote {summary['output']}: llama.cpp {summary['architecture']} GGUF, {summary['tensors']} "
-                      f"tensors, target layers {summary['target_layers']} (llama.cpp's numbering)")
+        console.print(line)
+
+
+def _to_gguf(draft: str, out: Path, target: str | None, force: bool) -> dict:
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.convert.gguf import convert_to_gguf
+
+    if not target:
+        raise DsparkError("a GGUF takes its tokenizer from the target, so the target option must name its folder.")
+    summary = convert_to_gguf(draft, out, target=target, force=force)
+    return {**summary, "line": f"wrote {summary['output']}: llama.cpp {summary['architecture']} GGUF, "
+            f"{summary['tensors']} tensors, target layers {summary['target_layers']} (llama.cpp's numbering)"}
+
+
+def _to_layout(draft: str, out: Path, to: Format, target: str | None, force: bool) -> dict:
+    from dspark_cli.runtime.convert.layouts import convert_layout
+
+    summary = convert_layout(draft, out, to.value, target=target, force=force)
+    return {**summary, "line": f"wrote {summary['output']}: the {to.value} layout, {summary['tensors']} tensors"}

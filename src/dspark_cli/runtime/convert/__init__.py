@@ -2,6 +2,8 @@
 
 - gguf.py      a DSpark/DFlash draft as a llama.cpp `dflash` GGUF (keys, tensor names and the tokenizer as
                llama.cpp's own converter writes them), or the one-sentence reason it cannot be faithful
+- layouts.py   a DSpark draft between DeepSpec's and speculators' layouts (both vLLM's), tensors byte for byte
 
     convert_to_gguf("./my-draft", "draft.gguf", target="./my-target")
+    convert_layout("./my-draft", "./my-draft-speculators", to="speculators", target="Qwen/Qwen3-8B")
 """
