@@ -14,6 +14,7 @@ FLAG_ALLOWED = {
     "engines/sglang.py",  # SGLang's server flags: the `sglang.launch_server` argv
     "engines/trtllm.py",  # trtllm-serve's flags: its argv
     "engines/llamacpp.py",  # llama-server's own flags: the argv dspark builds for it
+    "engines/seam.py",  # the engines' shared --port flag, checked against their extra arguments
 }
 
 

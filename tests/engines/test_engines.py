@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
 from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 from dspark_cli.runtime.engines import ENGINES
@@ -125,3 +126,29 @@ def test_llamacpp_dry_run_argv_names_the_gguf_beside_each_folder(tmp_path):
     assert doc["argv"] == ["llama-server", "-m", str(target.resolve()) + ".gguf", "-md", str(draft.resolve()) + ".gguf",
                            "--spec-type", "draft-dspark", "--spec-draft-n-max", "4"]
     assert any("dspark convert" in note and "--to gguf" in note for note in doc["notes"])
+
+
+@pytest.mark.parametrize("name, own", [("sglang", "--speculative_algorithm=EAGLE"),
+                                       ("trtllm", "--extra_llm_api_options"), ("llamacpp", "--spec-type")])
+def test_extra_arguments_may_not_repeat_what_dspark_sets(name, own):
+    """One shared check (seam.refuse_own_flags), before any file is read: the engine's own flags in either -/_
+    spelling, and --port when dspark's port is given."""
+    from dspark_cli.runtime.engines import engine
+    from dspark_cli.runtime.engines.seam import ServeRequest
+
+    chosen = engine(name)
+    with pytest.raises(DsparkError, match=f"the extra {chosen.label} arguments contain .*, which dspark sets itself"):
+        chosen.plan(ServeRequest("missing-target", "missing-draft", engine_args=(own,)))
+    with pytest.raises(DsparkError, match="contain --port, which dspark sets itself"):
+        chosen.plan(ServeRequest("missing-target", "missing-draft", port=8000, engine_args=("--port", "9000")))
+
+
+@pytest.mark.parametrize("name", ["sglang", "trtllm"])
+@pytest.mark.parametrize("setting", [{"draft_topk": 8}, {"confidence_threshold": 0.5},
+                                     {"draft_sample_method": "greedy"}])
+def test_settings_only_vllm_takes_are_refused_for_other_engines(name, setting):
+    from dspark_cli.runtime.engines import engine
+    from dspark_cli.runtime.engines.seam import ServeRequest
+
+    with pytest.raises(DsparkError, match="drop (them|it)"):
+        engine(name).plan(ServeRequest("missing-target", "missing-draft", **setting))

@@ -33,18 +33,19 @@ from dspark_cli.runtime.engines.seam import (
     ServeRequest,
     engine_finding,
     head_quantization,
+    refuse_own_flags,
 )
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
 
 LLAMA_SERVER = "llama-server"
 OWN_CODES = frozenset({"DSP012"})  # a non-vanilla Markov head: src/models/dflash.cpp loads markov_w1/w2 only
-RESERVED_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--spec-type", "--spec-draft-n-max",
-                  "--spec-draft-p-min", "--draft-p-min")  # common/arg.cpp spellings of what dspark sets
+OWN_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--spec-type", "--spec-draft-n-max",
+             "--spec-draft-p-min", "--draft-p-min")  # common/arg.cpp spellings of what dspark sets
 
 
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules on the folders, then the `llama-server` argv on the GGUF beside each."""
-    _check_args(request)
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
     ckpt = open_checkpoint(request.draft)
     report = validate_checkpoint(ckpt, read_target_config(request.target))
     config = DraftConfig.from_dict(ckpt.config)
@@ -76,13 +77,6 @@ def gguf_beside(folder: str, role: str) -> str:
         raise DsparkError(f"the {role} {folder} is not a local folder; llama.cpp loads GGUF files, so dspark plans "
                           "from the folder and its GGUF beside it.")
     return str(path.resolve().with_name(path.resolve().name + ".gguf"))
-
-
-def _check_args(request: ServeRequest) -> None:
-    for arg in request.engine_args:
-        if arg.split("=", 1)[0] in RESERVED_FLAGS:
-            raise DsparkError(f"the extra llama.cpp arguments contain {arg}, which dspark sets itself; drop it and "
-                              "use dspark's own options (block size, confidence threshold).")
 
 
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:

@@ -93,6 +93,24 @@ class ServePlan:
 Rules = Callable[[DraftConfig, Report], tuple[list[Finding], list[str]]]
 
 
+def refuse_vllm_only_settings(request: ServeRequest, label: str) -> None:
+    """What dspark hands to vLLM alone: a draft top-k, a survival threshold, the draft sample method."""
+    if request.draft_topk is not None or request.confidence_threshold is not None:
+        raise DsparkError(f"{label} takes no draft top-k or survival threshold from dspark; drop them, or serve "
+                          "with vLLM.")
+    if request.draft_sample_method != "probabilistic":
+        raise DsparkError(f"the draft sample method is a vLLM setting; drop it for {label}.")
+
+
+def refuse_own_flags(request: ServeRequest, label: str, own: tuple[str, ...]) -> None:
+    """Extra engine arguments that set what dspark sets itself (`own`, in either -/_ spelling), or --port when
+    dspark's own port is given."""
+    for arg in request.engine_args:
+        flag = arg.split("=", 1)[0]
+        if flag.replace("_", "-") in own or (flag == "--port" and request.port is not None):
+            raise DsparkError(f"the extra {label} arguments contain {flag}, which dspark sets itself; drop it.")
+
+
 def no_rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
     return [], []
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
@@ -36,15 +35,17 @@ from dspark_cli.runtime.engines.seam import (
     checked_pair,
     engine_finding,
     head_quantization,
+    refuse_own_flags,
+    refuse_vllm_only_settings,
 )
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
 
 MODULE = "sglang.launch_server"
 INSTALL_HINT = ("SGLang is not installed for this Python (no importable `sglang`): on a CUDA machine run "
                 "`pip install sglang` (a release with the DSPARK speculative algorithm), then run the command above.")
-RESERVED_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
-                  "--speculative-dspark-block-size", "--speculative-num-draft-tokens",
-                  "--speculative-dspark-confidence-sts-path")
+OWN_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
+             "--speculative-dspark-block-size", "--speculative-num-draft-tokens",
+             "--speculative-dspark-confidence-sts-path")
 
 
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
@@ -76,7 +77,8 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
 
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules and SGLang's verdict on the pair, then the `sglang.launch_server` argv."""
-    check_request(request)
+    refuse_vllm_only_settings(request, ENGINE.label)
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
     pair = checked_pair(request, ENGINE)
     block = resolve_block_size(pair.config, request.block_size)
     flags = {"speculative_algorithm": "DSPARK", "speculative_draft_model_path": pair.draft,
@@ -92,19 +94,6 @@ def plan_serve(request: ServeRequest) -> ServePlan:
                      argv=argv + list(request.engine_args), report=pair.report,
                      trained_block_size=trained_block_size(pair.config), draft_quantization="unquantized",
                      notes=pair.verdict.notes, engine=ENGINE.name)
-
-
-def check_request(request: ServeRequest) -> None:
-    """What dspark does not hand to SGLang: settings it has no verified flag for, and flags dspark sets itself."""
-    if request.draft_topk is not None or request.confidence_threshold is not None:
-        raise DsparkError("SGLang takes no draft top-k or survival threshold from dspark (no such DSPARK server "
-                          "argument was verified); drop them, or serve with vLLM.")
-    if request.draft_sample_method != "probabilistic":
-        raise DsparkError("the draft sample method is a vLLM setting; drop it for SGLang.")
-    for arg in request.engine_args:
-        flag = arg.split("=", 1)[0].replace("_", "-")
-        if flag in RESERVED_FLAGS or (flag == "--port" and request.port is not None):
-            raise DsparkError(f"the extra SGLang arguments contain {flag}, which dspark sets itself; drop it.")
 
 
 def sglang_installed() -> bool:

@@ -23,7 +23,6 @@ import json
 import shutil
 from pathlib import Path
 
-from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
@@ -33,9 +32,12 @@ from dspark_cli.runtime.engines.seam import (
     checked_pair,
     engine_finding,
     head_quantization,
+    refuse_own_flags,
+    refuse_vllm_only_settings,
 )
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
 
+OWN_FLAGS = ("--extra-llm-api-options",)  # the YAML dspark writes (either spelling)
 EXECUTABLE = "trtllm-serve"
 CONFIG_FILE = "dspark-trtllm.yaml"
 INSTALL_HINT = ("TensorRT-LLM is not installed here (no `trtllm-serve` on PATH): on a CUDA machine run "
@@ -63,7 +65,8 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
 
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules and TensorRT-LLM's verdict, then the YAML and the `trtllm-serve` argv."""
-    check_request(request)
+    refuse_vllm_only_settings(request, ENGINE.label)
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
     pair = checked_pair(request, ENGINE)
     spec = {"decoding_type": "DSpark", "speculative_model": pair.draft,
             "max_draft_len": resolve_block_size(pair.config, request.block_size)}
@@ -84,19 +87,6 @@ def yaml_text(spec: dict) -> str:
     """The extra LLM API options file: one `speculative_config` mapping (JSON scalars are YAML scalars)."""
     lines = ["speculative_config:"] + [f"  {key}: {json.dumps(value)}" for key, value in spec.items()]
     return "\n".join(lines) + "\n"
-
-
-def check_request(request: ServeRequest) -> None:
-    if request.draft_topk is not None or request.confidence_threshold is not None:
-        raise DsparkError("TensorRT-LLM takes no draft top-k or survival threshold from dspark; drop them, or "
-                          "serve with vLLM.")
-    if request.draft_sample_method != "probabilistic":
-        raise DsparkError("the draft sample method is a vLLM setting; drop it for TensorRT-LLM.")
-    for arg in request.engine_args:
-        flag = arg.split("=", 1)[0]
-        if flag in ("--extra_llm_api_options", "--extra-llm-api-options") or (
-                flag == "--port" and request.port is not None):
-            raise DsparkError(f"the extra TensorRT-LLM arguments contain {flag}, which dspark sets itself; drop it.")
 
 
 def find_trtllm() -> str | None:
