@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.checkpoint.config import detect_format
+from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
 from dspark_cli.runtime.io.reading import ReadError, open_regular, parse_json_text, read_bounded
 
 CONFIG_FILE = "config.json"
@@ -142,25 +144,12 @@ def read_target_config(source: str | os.PathLike) -> dict[str, Any]:
             "path or id.",
         )
     config = _config_object(read_json(config_path, "target config.json"), config_path)
-    if is_draft_config(config):
-        raise CheckpointError("DSP500", f"target {source} is a draft checkpoint ({_kind_of_draft(config)}), not the "
+    layout = detect_format(config)
+    if layout != "unknown":
+        raise CheckpointError("DSP500", f"target {source} is a draft checkpoint ({FORMAT_NAMES[layout]}), not the "
                                         "model it drafts for; give the target model as the target.")
     return config
 
-
-DRAFT_KEYS = ("dspark_config", "dflash_config", "speculators_model_type")  # keys only a draft's config.json has
-
-
-def is_draft_config(config: dict[str, Any]) -> bool:
-    """Whether a config.json is a DSpark / DFlash draft's (DeepSpec, z-lab, SpecForge or speculators layout)."""
-    architectures = config.get("architectures") or []
-    named = any(isinstance(a, str) and ("DSpark" in a or "DFlash" in a) for a in architectures)
-    return named or any(key in config for key in DRAFT_KEYS)
-
-
-def _kind_of_draft(config: dict[str, Any]) -> str:
-    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
-    return ", ".join(architectures) or next(key for key in DRAFT_KEYS if key in config)
 
 
 @contextlib.contextmanager
