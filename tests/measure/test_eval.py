@@ -253,6 +253,23 @@ def test_resume_accepts_the_command_line_that_made_the_run(tmp_path):
         assert changed.exit_code == 2 and f"was run with {flag} " in changed.output, (flag, changed.output)
 
 
+def test_a_run_file_from_before_the_sampling_requests_resumes(tmp_path):
+    """Run files of dspark 0.1 lack settings.requested, draft_topk, top_p and top_k: EvalRun.load gives them the
+    library's defaults (one place), so resume and the resolution read them as any run."""
+    run_file = tmp_path / "run.json"
+    args = ["--data", str(ev.SHIPPED_SETS[0]), "--limit", "2", "--max-new-tokens", "4"]
+    assert eval_cli(*args, "--json", str(run_file)).exit_code == 0
+    doc = json.loads(run_file.read_text())
+    for key in ("requested", "draft_topk", "top_p", "top_k"):
+        del doc["settings"][key]
+    doc["results"] = doc["results"][:1]
+    run_file.write_text(json.dumps(doc))
+    assert ev.EvalRun.load(run_file).settings["top_p"] == 1.0
+    resumed = eval_cli("--resume", str(run_file), "--top-k", "0")
+    assert resumed.exit_code == 0, resumed.output
+    assert len(json.loads(run_file.read_text())["results"]) == 2
+
+
 def test_the_largest_seed_runs_every_prompt(tmp_path):
     """Prompt i draws with seed + i: at the documented maximum seed, 2^64 - 1, prompt 1 wraps to 0 (was an
     overflow traceback)."""

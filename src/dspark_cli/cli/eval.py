@@ -282,10 +282,9 @@ def _check_resume(stored: dict, given: dict, path: Path) -> None:
     """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
     ones): the original flags resume, a different one is named."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.session import REQUEST_DEFAULTS
 
     for key in RUN_KEYS:
-        if key in given and not _same_request(key, given[key], stored.get(key, REQUEST_DEFAULTS.get(key))):
+        if key in given and not _same_request(key, given[key], stored.get(key)):
             flag = "--" + key.replace("_", "-")
             raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
                               "resume with the stored settings, or start a new run.")

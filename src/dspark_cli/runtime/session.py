@@ -18,8 +18,6 @@ from dspark_cli.errors import DsparkError, SettingError
 if TYPE_CHECKING:
     from dspark_cli.runtime.distributed import DistContext
 
-# The requests run files before --draft-topk / --top-p / --top-k were stored without.
-REQUEST_DEFAULTS = {"draft_topk": None, "top_p": 1.0, "top_k": 0}
 RESOLVED_KEYS = ("block_size", "markov")  # a resumed run must resolve them as the run did
 SEED_SPACE = 2**64  # torch.Generator.manual_seed takes 0 .. 2^64 - 1
 
@@ -33,7 +31,7 @@ def open_session(settings: dict, sets: list, dist: "DistContext", warn: Callable
     from dspark_cli.runtime.pair import Pair
 
     s = settings
-    asked = {**REQUEST_DEFAULTS, **s.get("requested", s)}  # what the run asked for, resolved again here
+    asked = s.get("requested", s)  # what the run asked for (older files: EvalRun.load's defaults), resolved again
     try:
         device = str(dist.device(resolve_device(asked["device"])))  # under torchrun on CUDA: this rank's GPU
     except ValueError as error:

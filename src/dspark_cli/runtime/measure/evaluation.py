@@ -30,7 +30,12 @@ from dspark_cli.runtime.io.reading import parse_json_text, read_bounded_text
 from dspark_cli.runtime.measure.run_file import RUN_FORMAT, RunFileError, read_run_document
 from dspark_cli.runtime.measure.metrics import STAGE_SECTIONS, Calibration, round_dicts, stage_sections, summarize
 from dspark_cli.runtime.rounds import GenerationStats, RoundRecord
+from dspark_cli.runtime.settings import Requested
 
+# Settings older run files lack, as the runs that wrote them used them: no calibration (before dspark-eval/2), and
+# the sampling requests eval did not yet take (the library's defaults, settings.Requested).
+OLDER_RUN_DEFAULTS = {"calibration": None, "draft_topk": Requested.draft_topk, "top_p": Requested.top_p,
+                      "top_k": Requested.top_k}
 SHIPPED_SETS = (DEMO_DIR / "eval_code.jsonl", DEMO_DIR / "eval_prose.jsonl")
 MAX_PROMPT_SET_BYTES = 1024**3
 SAVE_SPACING = 20  # RunSaver: at most 1/20 of the wall time spent saving
@@ -230,7 +235,7 @@ class EvalRun:
         doc = read_run_document(Path(path))
         sets = [PromptSet(**s) for s in doc["sets"]]
         results = [PromptResult(**r) for r in doc["results"]]
-        settings = {"calibration": None, **doc["settings"]}  # runs before dspark-eval/2 had no calibration
+        settings = {**OLDER_RUN_DEFAULTS, **doc["settings"]}
         run = cls(settings, sets, results, source=str(path))
         for result in results:
             try:

@@ -208,12 +208,11 @@ def replay_runs(runs: list, costs: dict[int, float] | None = None,
 # length rule's inputs, the prompts' template); the block size, device and timings may differ.
 SAME_RUN_SETTINGS = ("target", "draft", "temperature", "top_p", "top_k", "max_new_tokens", "chat", "thinking",
                      "seed", "dtype")
-_RUN_DEFAULTS = {"top_p": 1.0, "top_k": 0}  # runs before these were recorded
 
 
 def _setting(run, key: str):
     """A run's setting for comparison; paths compared as paths (a trailing slash is the same folder)."""
-    value = run.settings.get(key, _RUN_DEFAULTS.get(key))
+    value = run.settings.get(key)
     return str(Path(value)) if key in ("target", "draft") and isinstance(value, str) else value
 
 
