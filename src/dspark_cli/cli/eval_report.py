@@ -4,16 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli.render import number
-
-UNBOUNDED = 10_000  # columns: a table measured without wrapping
-
+from dspark_cli.cli.render import columns, fitted, number
 
 def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> None:
     s = settings
@@ -32,24 +27,9 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
         out.print(fitted(out, lambda padding: _calibration_table(rows, padding)))
 
 
-def fitted(out: Console, build: Callable[[tuple[int, int]], Table]) -> Table:
-    """The table `build(padding)` makes, without cell padding when the padded one is wider than `out` (a pipe or
-    a narrow terminal: 80 columns), so that every header stays whole."""
-    table = build((0, 1))
-    unwrapped = out.measure(table, options=out.options.update(max_width=UNBOUNDED)).maximum
-    return build((0, 0)) if unwrapped > out.width else table
-
-
-def _columns(table: Table, names: tuple[str, ...]) -> None:
-    """Right-aligned columns, the first left-aligned and folded; none narrower than its header's longest word."""
-    for i, name in enumerate(names):
-        table.add_column(name, justify="right" if i else "left", overflow="fold",
-                         min_width=max(len(word) for word in name.split()))
-
-
 def main_table(rows, padding: tuple[int, int] = (0, 1)) -> Table:
     table = Table(title="τ per prompt set (docs/eval.md)", title_justify="left", padding=padding)
-    _columns(table, ("dataset", "prompts", "rounds", "τ", "95% CI", "τ ≤ limit", "verify", "tok/s", "speedup"))
+    columns(table, ("dataset", "prompts", "rounds", "τ", "95% CI", "τ ≤ limit", "verify", "tok/s", "speedup"))
     for name, stats in rows:
         summary = stats["summary"]
         low, high = stats["tau_ci"]
@@ -79,7 +59,7 @@ def _positions_table(rows, block: int) -> Table:
 def _calibration_table(rows, padding: tuple[int, int]) -> Table:
     table = Table(title="calibration of Π c_i: per-position mean (DeepSpec) and pooled (docs/metrics.md)",
                   title_justify="left", padding=padding)
-    _columns(table, ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"))
+    columns(table, ("dataset", "pairs", "ECE", "AUROC", "Brier", "pooled ECE", "pooled AUROC", "pooled Brier"))
     for name, stats in rows:
         calibration = stats["summary"]["calibration"]
         if calibration is None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from rich.table import Table
 from rich.text import Text
 
 from dspark_cli.cli import options, render
+from dspark_cli.cli.plan_report import load_table, settings_list
 from dspark_cli.errors import DsparkError
 
 MAX_CONCURRENCY = 4096
@@ -40,7 +40,8 @@ def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs:
         render.emit_json(plan.to_dict(), json_path)
     console = render.err_console if options.to_stdout(json_path) else render.console
     for c, load in rows.items():
-        console.print(table(c, load, block, cost.kind))
+        console.print(render.fitted(console, lambda padding: load_table(c, load, block, cost.kind, padding)))
+    console.print(settings_list(next(iter(rows.values()))))
     console.print(Text(f"exact per round: the tokens a chosen verify length emits; estimates: {schedule.ESTIMATES}.",
                        style="dim"))
     for note in notes:
@@ -56,17 +57,3 @@ def parse_concurrency(text: str) -> list[int]:
         raise DsparkError(f"the concurrency option takes distinct integers from 1 to {MAX_CONCURRENCY} separated by "
                           f"commas, like 1,8,32; not {text!r}.")
     return values
-
-
-def table(concurrency: int, rows: list, block: int, kind: str) -> Table:
-    best = max(rows, key=lambda row: row.tokens_per_s)
-    out = Table(title=f"concurrency {concurrency}, block {block}, {kind}: the best in bold green",
-                title_justify="left", padding=(0, 1))
-    for column in ("scheduler", "tok/s", "tok/s per request", "verify tokens/step", "τ", "censored", "set"):
-        out.add_column(column, justify="left" if column in ("scheduler", "set") else "right")
-    for row in rows:
-        out.add_row(row.scheduler.label, render.number(row.tokens_per_s, 1),
-                    render.number(row.per_request_tokens_per_s, 1), render.number(row.verify_tokens_per_step, 1),
-                    render.number(row.tau), str(row.censored_rounds), row.scheduler.setting,
-                    style="bold green" if row is best else None)
-    return out

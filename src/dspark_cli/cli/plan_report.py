@@ -1,10 +1,12 @@
-"""`dspark plan`'s table: the replayed verify rules, the recommended one in bold green."""
+"""`dspark plan`'s tables: the replayed verify rules (the recommended one in bold green), and with --concurrency one
+table per load and what to set in each engine."""
 
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
-from dspark_cli.cli.render import number
+from dspark_cli.cli.render import columns, number
 
 
 def table(result) -> Table:
@@ -27,3 +29,22 @@ def table(result) -> Table:
 def _shown_threshold(value: float) -> bool:
     """The table shows every tenth threshold (the JSON and the recommendation have the whole sweep)."""
     return abs(value * 10 - round(value * 10)) < 1e-9
+
+
+def load_table(concurrency: int, rows: list, block: int, kind: str, padding: tuple[int, int] = (0, 1)) -> Table:
+    """One load: each scheduler's predicted tokens/s, per request, verify tokens per step; the best in bold green."""
+    best = max(rows, key=lambda row: row.tokens_per_s)
+    out = Table(title=f"concurrency {concurrency}, block {block}, {kind}: the best in bold green",
+                title_justify="left", padding=padding)
+    columns(out, ("scheduler", "tok/s", "tok/s per request", "verify tokens/step", "τ", "censored"))
+    for row in rows:
+        out.add_row(row.scheduler.label, number(row.tokens_per_s, 1), number(row.per_request_tokens_per_s, 1),
+                    number(row.verify_tokens_per_step, 1), number(row.tau), str(row.censored_rounds),
+                    style="bold green" if row is best else None)
+    return out
+
+
+def settings_list(rows: list) -> Text:
+    """What to set in which engine for each scheduler, once (it does not depend on the load)."""
+    lines = [f"  {row.scheduler.label}: {row.scheduler.setting}" for row in rows]
+    return Text("what to set:\n" + "\n".join(lines), style="dim")

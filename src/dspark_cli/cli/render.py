@@ -1,4 +1,5 @@
-"""Shared CLI output: rich consoles, JSON emission, and the error → exit-code mapping."""
+"""Shared CLI output: rich consoles, JSON emission, the error → exit-code mapping, and tables that stay readable at
+80 columns (`fitted`, `columns`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import typer
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.markup import escape
 
 from dspark_cli.cli import options
 from dspark_cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 console = Console()
 err_console = Console(stderr=True)
@@ -160,3 +164,21 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+UNBOUNDED = 10_000  # columns: a table measured without wrapping
+
+
+def fitted(out: Console, build: Callable[[tuple[int, int]], Table]) -> Table:
+    """The table `build(padding)` makes, without cell padding when the padded one is wider than `out` (a pipe or
+    a narrow terminal: 80 columns), so that every header stays whole."""
+    table = build((0, 1))
+    unwrapped = out.measure(table, options=out.options.update(max_width=UNBOUNDED)).maximum
+    return build((0, 0)) if unwrapped > out.width else table
+
+
+def columns(table: Table, names: tuple[str, ...]) -> None:
+    """Right-aligned columns, the first left-aligned and folded; none narrower than its header's longest word."""
+    for i, name in enumerate(names):
+        table.add_column(name, justify="right" if i else "left", overflow="fold",
+                         min_width=max(len(word) for word in name.split()))
