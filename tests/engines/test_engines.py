@@ -66,6 +66,9 @@ def test_each_engine_verdict(tmp_path, kind):
         assert got["sglang"].status != "serves" and got["trtllm"].status != "serves"
         assert any("not verified" in n for n in got["sglang"].notes + got["trtllm"].notes)
         assert [f.code for f in got["llamacpp"].refused] == CODES["gemma4", "llamacpp"]  # Qwen3 backbones only
+        # vLLM serves it, but its Gemma-4 loader skips the confidence head and soft-caps the Markov bias
+        assert got["vllm"].status == "serves with losses"
+        assert [note.split()[0] for note in got["vllm"].notes] == ["DSP043", "DSP046"]
         return
     assert {name: v.status for name, v in got.items()} == expected
     for (draft, name), codes in CODES.items():

@@ -28,10 +28,12 @@ RUN = ["--steps", "2", "--batch-size", "2", "--seq-len", "32", "--anchors", "6",
 def targets(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("train_families")
     out = {}
-    for family in ("gemma4", "qwen3"):
-        target = tiny_target(root / family, DraftSpec(family=family, target_layers=4))
+    specs = {"gemma4": DraftSpec(family="gemma4", target_layers=4), "qwen3": DraftSpec(target_layers=4),
+             "gemma4-kv": DraftSpec(family="gemma4", target_layers=4, attention_k_eq_v=False)}
+    for name, spec in specs.items():
+        target = tiny_target(root / name, spec)
         write_byte_tokenizer(target)
-        out[family] = target
+        out[name] = target
     (root / "code.py").write_text(CODE * 8)
     out["data"] = root / "code.py"
     return out
@@ -42,7 +44,8 @@ def trained(targets, tmp_path_factory) -> dict[str, Path]:
     """name -> a trained draft folder."""
     root = tmp_path_factory.mktemp("drafts")
     runs = {"gemma4": ("gemma4", []), "gemma4-rnn": ("gemma4", ["--markov-head-type", "rnn"]),
-            "qwen3-gated": ("qwen3", ["--markov-head-type", "gated"])}
+            "qwen3-gated": ("qwen3", ["--markov-head-type", "gated"]),
+            "gemma4-kv": ("gemma4-kv", ["--engine", "vllm"])}
     out = {}
     for name, (family, extra) in runs.items():
         result = runner.invoke(app, ["train", "--target", str(targets[family]), "--data", str(targets["data"]),
@@ -54,6 +57,17 @@ def trained(targets, tmp_path_factory) -> dict[str, Path]:
 
 def _report(draft: Path, target: Path):
     return validate_checkpoint(open_checkpoint(draft), json.loads((target / "config.json").read_text()))
+
+
+def test_a_gemma4_target_without_k_eq_v_gets_a_draft_vllm_serves(targets, trained):
+    """vLLM's Gemma-4 DSpark model asserts uniform attention_k_eq_v layers (DSP041): train writes k=v attention
+    for a target with separate values too, and `--engine vllm` ends with exit 0 only when vLLM's rules accept."""
+    assert json.loads((targets["gemma4-kv"] / "config.json").read_text())["attention_k_eq_v"] is False
+    config = json.loads((trained["gemma4-kv"] / "config.json").read_text())
+    assert config["attention_k_eq_v"] is True
+    with safe_open(str(trained["gemma4-kv"] / "model.safetensors"), "pt") as f:
+        assert not any(name.endswith("v_proj.weight") for name in f.keys())
+    assert "DSP041" not in _report(trained["gemma4-kv"], targets["gemma4-kv"]).codes
 
 
 def test_a_gemma4_target_gets_a_gemma4_draft_that_validates(targets, trained):

@@ -35,6 +35,9 @@ RESERVED_VLLM_FLAGS = ("--speculative-config", "--speculative_config")
 # by gemma4_dspark.py) has markov_w1 and markov_w2 only; DSP040-DSP042 Gemma-4 drafts without their own
 # embed_tokens / lm_head, with attention_k_eq_v false or a reduced vocabulary (gemma4_dspark.py's load rules).
 OWN_CODES = frozenset({"DSP012", "DSP040", "DSP041", "DSP042"})
+# Warnings of validate's report about what vLLM loads but drops or changes (gemma4_dspark.py): DSP043 its loader
+# skips every confidence_head tensor; DSP046 its soft-capping LogitsProcessor caps the Markov bias too.
+LOSS_CODES = ("DSP043", "DSP046")
 
 
 def plan_serve(request: ServeRequest) -> ServePlan:
@@ -188,6 +191,11 @@ def _draft_topk(config: DraftConfig, requested: int | None, method: str) -> int 
     return topk
 
 
+def rules(config: DraftConfig, report: Report) -> tuple[list, list[str]]:
+    """What vLLM serves with losses: validate's vLLM-specific warnings, one note each (no refusals of its own)."""
+    return [], [f"{finding.code} {finding.message}" for finding in report.warnings if finding.code in LOSS_CODES]
+
+
 def _quantization(report: Report) -> str:
     head = head_quantization(report)
     if head:
@@ -198,7 +206,7 @@ def _quantization(report: Report) -> str:
 
 ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commits listed in docs/serve.md "
                 "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
-                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve,
+                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
                 layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
                 "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)",
                 installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT)

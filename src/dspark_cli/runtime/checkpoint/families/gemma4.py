@@ -147,8 +147,8 @@ def attention_layout(ctx):
         out.add("DSP041", "attention_k_eq_v is false: the draft has v_proj; vLLM's Gemma-4 DSpark model "
                 f"({VLLM_FILE}, Gemma4DSparkModel._build_fused_kv_buffers) asserts 'Gemma4 DSpark fused precompute "
                 "assumes uniform attention_k_eq_v layers' and fails at start-up (dspark runs it).",
-                "Train Gemma-4 drafts with the target's attention_k_eq_v = true (Gemma-4 12B has it) to serve them "
-                "with vLLM.")
+                "Train Gemma-4 drafts with attention_k_eq_v = true to serve them with vLLM (`dspark train` writes "
+                "that for any Gemma-4 target; Gemma-4 12B has it).")
     types = view.get("layer_types")
     if isinstance(types, list) and any(t != "full_attention" for t in types):
         out.add("DSP044", f"layer_types is {types!r}; DeepSpec's Gemma-4 drafts are all full_attention, dspark "
@@ -208,7 +208,11 @@ def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, an
     model_type kept as target_model_type (DeepSpec get_gemma4_text_config; shape: train's DraftShape, mask: its
     MaskChoice). The full-attention geometry is written as global_head_dim / num_global_key_value_heads (not the
     target's per_layer_config, whose indices are the target's layers), so that any transformers version rebuilds it
-    for the draft's layers."""
+    for the draft's layers.
+
+    One departure from DeepSpec: the draft always has attention_k_eq_v (values = the keys' projection), whatever
+    the target has. The draft's attention is its own network, and vLLM's Gemma-4 DSpark model serves only that
+    layout (validate's DSP041); DeepSpec would copy a target's false and write a draft vLLM refuses."""
     if mask.vocab_size != target.vocab_size:
         raise DsparkError("the tokenizer has no free id for the mask token, and a Gemma-4 draft cannot add one "
                           "(vLLM's Gemma-4 DSpark model has no separate draft vocabulary); pass the mask-token-id "
@@ -221,6 +225,7 @@ def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, an
         architectures=[ARCHITECTURE],
         target_model_type=target.outer_model_type,
         target_text_model_type=target.model_type,
+        attention_k_eq_v=True,
         global_head_dim=head_dim,
         num_global_key_value_heads=kv_heads,
         num_target_layers=target.num_hidden_layers,
