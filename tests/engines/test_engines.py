@@ -42,9 +42,9 @@ DRAFTS = {
     "default": (lambda p: write_draft(p, S), {"vllm": "serves", "sglang": "serves with losses",
                                              "trtllm": "serves with losses", "llamacpp": "serves with losses"}),
     "gated": (lambda p: write_draft(p, S.with_(markov_head_type="gated")), {"vllm": "refuses", "sglang":
-              "serves with losses", "trtllm": "refuses", "llamacpp": "refuses"}),
+              "serves with losses", "trtllm": "serves with losses", "llamacpp": "refuses"}),
     "rnn": (lambda p: write_draft(p, S.with_(markov_head_type="rnn")), {"vllm": "refuses", "sglang":
-            "serves with losses", "trtllm": "refuses", "llamacpp": "refuses"}),
+            "serves with losses", "trtllm": "serves with losses", "llamacpp": "refuses"}),
     "speculators": (lambda p: write_folder(p, speculators_config(S), draft_tensors(S)),
                     {"vllm": "serves", "sglang": "refuses", "trtllm": "serves with losses",
                      "llamacpp": "serves with losses"}),
@@ -52,7 +52,7 @@ DRAFTS = {
                                                 "trtllm": "serves with losses", "llamacpp": "refuses"}),
     "gemma4": (lambda p: write_draft(p, S.with_(family="gemma4")), None),
 }
-CODES = {("gated", "vllm"): ["DSP012"], ("gated", "trtllm"): ["DSP012"], ("rnn", "vllm"): ["DSP012"],
+CODES = {("gated", "vllm"): ["DSP012"], ("rnn", "vllm"): ["DSP012"],
          ("speculators", "sglang"): ["DSP701"], ("nvfp4", "sglang"): ["DSP702"], ("gated", "llamacpp"): ["DSP012"],
          ("nvfp4", "llamacpp"): ["DSP722"], ("gemma4", "llamacpp"): ["DSP721"]}
 
@@ -115,10 +115,11 @@ def test_validate_engine_all_json(tmp_path):
     result = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "all", "--json", "-"])
     doc = json.loads(result.stdout)
     assert {k: (v["verdict"], v["codes"]) for k, v in doc["engines"].items()} == {
-        "vllm": ("refuses", ["DSP012"]), "sglang": ("serves with losses", []), "trtllm": ("refuses", ["DSP012"]),
+        "vllm": ("refuses", ["DSP012"]), "sglang": ("serves with losses", []), "trtllm": ("serves with losses", []),
         "llamacpp": ("refuses", ["DSP012"])}
+    assert any("not verified that a standalone drafter builds it" in n for n in doc["engines"]["trtllm"]["notes"])
     assert result.exit_code == doc["exit_code"] == 0  # one engine serves it
-    single = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "trtllm", "--json", "-"])
+    single = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--engine", "llamacpp", "--json", "-"])
     assert single.exit_code == 1
     plain = runner.invoke(app, ["validate", str(draft), "-t", str(target), "--json", "-"])
     assert "engines" not in json.loads(plain.stdout) and plain.exit_code == 1  # default: today's vLLM report
@@ -132,7 +133,8 @@ def test_llamacpp_dry_run_argv_names_the_gguf_beside_each_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name, own", [("sglang", "--speculative_algorithm=EAGLE"),
-                                       ("trtllm", "--extra_llm_api_options"), ("llamacpp", "--spec-type")])
+                                       ("trtllm", "--extra_llm_api_options"), ("trtllm", "--config=x.yaml"),
+                                       ("llamacpp", "--spec-type")])
 def test_extra_arguments_may_not_repeat_what_dspark_sets(name, own):
     """One shared check (seam.refuse_own_flags), before any file is read: the engine's own flags in either -/_
     spelling, and --port when dspark's port is given."""
@@ -155,3 +157,16 @@ def test_settings_only_vllm_takes_are_refused_for_other_engines(name, setting):
 
     with pytest.raises(DsparkError, match="drop (them|it)"):
         engine(name).plan(ServeRequest("missing-target", "missing-draft", **setting))
+
+
+def test_trtllm_takes_no_sts_file_from_dspark(tmp_path):
+    """llm_args.py: a strict DSparkDecodingConfig with no STS key (@ 00043967), or one that refuses
+    confidence_sts_path without confidence scheduling and TensorRT-LLM's own SPS table (@ c319397c): a YAML with the
+    STS path alone would fail at start-up, so dspark refuses the calibration for TensorRT-LLM."""
+    from dspark_cli.runtime.engines import engine
+    from dspark_cli.runtime.engines.seam import ServeRequest
+
+    sts = tmp_path / "sts.json"
+    sts.write_text('{"temperatures": [1.0]}')
+    with pytest.raises(DsparkError, match="TensorRT-LLM reads an STS file only with enable_confidence_scheduling"):
+        engine("trtllm").plan(ServeRequest("missing-target", "missing-draft", calibration=str(sts)))

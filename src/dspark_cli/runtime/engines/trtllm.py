@@ -8,13 +8,16 @@ Read from NVIDIA/TensorRT-LLM (docs/engines.md):
 - tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (module docstring): every `decoding_type: DSpark`
   drafter is built there, embedded (DeepSeek-V4's mtp.*) or standalone; a standalone drafter is
   GQADSparkForCausalLM, DFlash's block decode plus the Markov head, the confidence head and the shift_label
-  convention; its heads come from modeling_speculative.py (`build_markov_head`).
-- the YAML keys `decoding_type: DSpark`, `speculative_model`, `max_draft_len`, `confidence_sts_path`,
-  `enable_confidence_scheduling`: DSparkDecodingConfig as TensorRT-LLM's own tests and docs construct it
-  (tensorrt_llm/llmapi/llm_args.py itself is beyond what the search tools return: not read).
-Not verified (source not found or not attributable to NVIDIA/TensorRT-LLM), from the issue: standalone drafts take
-a vanilla Markov head only (refused here as DSP012, vLLM's code); the confidence head is loaded but not used for
-scheduling on main; NVFP4 markov_w2; Gemma-4 drafts. These are notes or marked so in docs/engines.md.
+  convention.
+- tensorrt_llm/llmapi/llm_args.py, `DSparkDecodingConfig(DecodingBaseConfig)` (a strict model: unknown keys are
+  errors), picked from the YAML by `decoding_type: "DSpark"`; `speculative_model` and `max_draft_len` come from
+  DecodingBaseConfig. Its `markov_head_type` is `Literal["vanilla", "gated", "rnn"]` @ 00043967 and c319397c. The
+  confidence fields differ between stored versions: none @ 00043967 ("intentionally omitted");
+  `confidence_sts_path` @ c319397c and 31366260 only together with `enable_confidence_scheduling` and a profiled
+  SPS table (`confidence_sps_table_path`, plus a live fingerprint @ c319397c), which its validators require.
+- tensorrt_llm/commands/serve.py @ 00209af1: `--config` / `--extra_llm_api_options` take the YAML.
+Not verified: that a standalone drafter builds gated / rnn heads (the config accepts them); NVFP4 markov_w2; how
+speculators configs are mapped; Gemma-4 drafts. Each is a note in the verdict, not a silent "serves".
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
@@ -37,13 +41,12 @@ from dspark_cli.runtime.engines.seam import (
 )
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
 
-OWN_FLAGS = ("--extra-llm-api-options",)  # the YAML dspark writes (either spelling)
+OWN_FLAGS = ("--extra-llm-api-options", "--config")  # the YAML dspark writes (serve.py's two names)
 EXECUTABLE = "trtllm-serve"
 CONFIG_FILE = "dspark-trtllm.yaml"
 INSTALL_HINT = ("TensorRT-LLM is not installed here (no `trtllm-serve` on PATH): on a CUDA machine run "
                 "`pip install tensorrt_llm` (a release with decoding_type DSpark), then run the command above.")
-# vLLM's DSP012 (a gated or rnn Markov head): the issue says standalone TensorRT-LLM drafters are vanilla only.
-OWN_CODES = frozenset({"DSP012"})
+OWN_CODES: frozenset[str] = frozenset()  # llm_args.py accepts every head type vLLM refuses (DSP012): a note below
 
 
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
@@ -51,9 +54,12 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     findings, notes = [], []
     if not config.has_markov:
         findings.append(engine_finding("DSP711", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    if config.has_markov and config.markov_head_type != "vanilla":
+        notes.append(f"{config.markov_head_type} Markov head: TensorRT-LLM's DSparkDecodingConfig accepts it "
+                     "(markov_head_type vanilla | gated | rnn); not verified that a standalone drafter builds it.")
     if config.enable_confidence_head:
         notes.append("TensorRT-LLM loads the confidence head; it schedules verification with it only with "
-                     "enable_confidence_scheduling (not verified that main uses it).")
+                     "enable_confidence_scheduling and its own profiled SPS table, which dspark does not write.")
     if head_quantization(report):
         notes.append("NVFP4 markov_w2: not verified that a standalone TensorRT-LLM drafter loads it.")
     if config.format.startswith("speculators"):
@@ -67,11 +73,13 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules and TensorRT-LLM's verdict, then the YAML and the `trtllm-serve` argv."""
     refuse_vllm_only_settings(request, ENGINE.label)
     refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
+    if request.calibration is not None:
+        raise DsparkError("TensorRT-LLM reads an STS file only with enable_confidence_scheduling, which its config "
+                          "refuses without a step-cost table profiled by TensorRT-LLM itself (some versions have no "
+                          "STS key at all); drop the calibration, or serve with SGLang.")
     pair = checked_pair(request, ENGINE)
     spec = {"decoding_type": "DSpark", "speculative_model": pair.draft,
             "max_draft_len": resolve_block_size(pair.config, request.block_size)}
-    if request.calibration is not None:
-        spec["confidence_sts_path"] = request.calibration
     config_path = str(Path(request.files_dir) / CONFIG_FILE)
     argv = [EXECUTABLE, pair.target, "--extra_llm_api_options", config_path]
     if request.port is not None:
@@ -97,6 +105,6 @@ ENGINE = Engine(
     name="trtllm", label="TensorRT-LLM", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
     source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (docs/engines.md)",
     layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a vanilla Markov head",
-    reads="the draft and target folders; an STS temperatures file (the calibration option), via the YAML",
+    reads="the draft and target folders, via the YAML (no STS or step-cost file from dspark)",
     installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
 )
