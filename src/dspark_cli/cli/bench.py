@@ -324,6 +324,8 @@ def serve(
                                "is read (auto: told from the server)."),
     model: str = typer.Option(None, "--model", help="The model name sent with each request (default: the server's "
                               "first /v1/models entry)."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one short untimed request to each server "
+                                "first."),
     json_out: options.json_path("the measurements (the tables then go to stderr)") = None,
     plot: Path = typer.Option(None, "--plot", help="Write a PNG of tokens/s against concurrency to FILE."),
     force: options.force("Replace existing --json / --plot files.") = False,
@@ -344,7 +346,8 @@ def serve(
     _check_exclusive([("--json file", json_out), ("--plot file", plot)], inputs, force)
     texts = [p for path in ([prompts] if prompts else SHIPPED_SETS) for p in read_prompt_set(path).prompts]
     config = ServeConfig(url=url, prompts=texts[:requests], concurrencies=tuple(parse_concurrency(concurrency)),
-                         max_tokens=max_tokens, baseline=baseline, timeout_s=timeout, engine=engine, model=model)
+                         max_tokens=max_tokens, baseline=baseline, timeout_s=timeout, engine=engine, model=model,
+                         warmup=warmup)
     out = err_console if options.to_stdout(json_out) else console
     total = len(config.prompts) * len(config.concurrencies) * (2 if baseline else 1)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
