@@ -263,6 +263,8 @@ def verify(
     tokens: int = typer.Option(8, "--tokens", min=1, help="Time passes over t = 1..TOKENS tokens (block size + 1 "
                                "covers every verify length)."),
     context: int = typer.Option(512, "--context", min=1, help="Cached positions before the scored tokens."),
+    batch: str = typer.Option("1", "--batch", metavar="B,B...", help="Requests per pass: more than batch 1 times B "
+                              "sequences of t tokens each, the table `dspark plan --concurrency` reads."),
     device: options.device() = "auto",
     dtype: options.dtype() = "auto",
     reps: int = typer.Option(None, "--reps", min=1, help="Timed repetitions per length (default 50 on CUDA, 10 on "
@@ -270,12 +272,14 @@ def verify(
     warmup: int = typer.Option(None, "--warmup", min=0, help="Untimed rounds first (default 5 on CUDA, 2 on CPU)."),
     json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
 ) -> None:
-    """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
-    from dspark_cli.runtime.bench.verify import verify_costs
+    """Time the target's verify pass over t tokens (and B requests) on this device: the cost table `dspark plan
+    --costs` reads."""
+    from dspark_cli.runtime.bench.verify import batch_verify_costs, verify_costs
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
+    batches = tuple(sorted(set(_ints(batch, "--batch"))))
     if target is None:
         if draft is not None:
             raise DsparkError("--draft needs its --target; give both, or neither for the demo pair.")
@@ -287,17 +291,30 @@ def verify(
     except ValueError as error:
         raise DsparkError(f"--dtype {error}.") from None
     cuda = torch_device.type == "cuda"
+    reps, warmup = reps or (50 if cuda else 10), (5 if cuda else 2) if warmup is None else warmup
     with err_console.status("loading the target, then timing"):
-        costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps or (50 if cuda else 10),
-                             (5 if cuda else 2) if warmup is None else warmup)
+        if batches == (1,):
+            costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps, warmup)
+            timings = {(1, t): timing for t, timing in costs.timings.items()}
+        else:
+            costs = batch_verify_costs(target, draft, torch_device, torch_dtype, context, tokens, batches, reps,
+                                       warmup)
+            timings = costs.timings
     out = err_console if options.to_stdout(json_out) else console
-    table = Table(title=Text(f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"),
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("tokens", "median ms", "min ms", "p10–p90 ms", "ms/token"):
+    title = f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"
+    if batches != (1,):
+        title += " · B requests of t tokens each (dspark's PyTorch forward, not an engine's)"
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("B", "tokens", "median ms", "min ms", "p10–p90 ms", "ms/token"):
         table.add_column(name, justify="right")
-    for t, timing in sorted(costs.timings.items()):
-        table.add_row(str(t), f"{timing.median_us / 1000:.3f}", f"{timing.min_us / 1000:.3f}",
-                      f"{timing.p10_us / 1000:.3f}–{timing.p90_us / 1000:.3f}", f"{timing.median_us / 1000 / t:.3f}")
+    previous = None
+    for (b, t), timing in sorted(timings.items()):
+        if previous is not None and b != previous:
+            table.add_section()
+        previous = b
+        table.add_row(str(b), str(t), f"{timing.median_us / 1000:.3f}", f"{timing.min_us / 1000:.3f}",
+                      f"{timing.p10_us / 1000:.3f}–{timing.p90_us / 1000:.3f}",
+                      f"{timing.median_us / 1000 / (b * t):.3f}")
     out.print(table)
     if json_out is not None:
         emit_json(costs.to_dict(), json_out)
