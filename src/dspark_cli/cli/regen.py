@@ -74,7 +74,7 @@ def regen(
         try:
             tally = run.execute(on_record)
         except (KeyboardInterrupt, Terminated) as stop:
-            t = run.tally
+            t = run.tally.on_disk(out)
             stop.kept = (f"{out} keeps {_count(t.skipped + t.succeeded)} regenerated ({t.succeeded} by this run), "
                          f"{error_path(out)} {_count(t.failed)} that failed; {_count(t.left)} not finished: continue "
                          "with --resume")

@@ -75,6 +75,14 @@ def append(handle: IO[str], record: dict) -> None:
     record_written(Path(handle.name))
 
 
+def count_records(path: Path) -> int:
+    """Whole records (lines) in one of the files: what is on disk, whenever a run stopped."""
+    if not Path(path).is_file():
+        return 0
+    with open(path, "rb") as handle:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b""))
+
+
 def finished(out: Path, conversations: list[Conversation], settings: dict) -> tuple[set[int], str | None]:
     """The indices OUT already holds, checked against this run: the same input at each index and the same settings.
     A partial last line (a hard kill mid-write) is cut off; the second value says so."""

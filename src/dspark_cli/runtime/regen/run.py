@@ -20,7 +20,8 @@ from typing import Callable
 from dspark_cli.errors import SettingError
 from dspark_cli.runtime.regen.client import Reply, Server, ServerError
 from dspark_cli.runtime.regen.prompts import Conversation
-from dspark_cli.runtime.regen.records import append, error_record, finished, open_outputs, success_record
+from dspark_cli.runtime.regen.records import (append, count_records, error_path, error_record, finished, open_outputs,
+                                              success_record)
 
 POLL_S = 0.2  # how often the writing thread wakes while it waits (so that Ctrl-C is seen at once)
 
@@ -36,6 +37,11 @@ class Tally:
     @property
     def left(self) -> int:
         return self.total - self.skipped - self.succeeded - self.failed
+
+    def on_disk(self, out: Path) -> "Tally":
+        """The tally as the files hold it (an interrupt can land between a record's write and its count)."""
+        succeeded = count_records(out) - self.skipped
+        return Tally(self.total, self.skipped, succeeded, count_records(error_path(out)), self.first_error)
 
 
 @dataclass
@@ -62,8 +68,8 @@ class Regeneration:
         return {"api": self.server.api, "model": self.server.model, **self.server.sampling.as_dict()}
 
     def execute(self, on_record: Callable[[dict], None] | None = None) -> Tally:
-        """Regenerate the pending conversations, appending each record as it finishes; the tally stays true when
-        an interrupt (or a failed write) stops the run."""
+        """Regenerate the pending conversations, appending each record as it finishes, and count them in the tally
+        (after an interrupt, which can land between a write and its count, `tally.on_disk` reads the files)."""
         work: queue.SimpleQueue = queue.SimpleQueue()
         for conversation in self.pending:
             work.put(conversation)
