@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from regen_server import EOS, FakeServer, render, reply_ids
+from regen_server import EOS, PROBE, FakeServer, render, reply_ids
 
 from dspark_cli.errors import DsparkError, SettingError
 from dspark_cli.runtime.regen.client import Sampling, base_url, connect
@@ -72,7 +72,8 @@ def test_requests_carry_the_sampling_settings(server, tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", [{"turns": ["abcdef"]}])
     run(server, prompts, tmp_path / "out.jsonl", temperature=0.6, top_p=0.95, top_k=5, min_p=0.01, max_tokens=3,
         thinking=True)
-    [body] = server.bodies
+    probe, body = server.bodies
+    assert (probe["n_predict"] if server.flavour == "llamacpp" else probe["max_tokens"]) == 1
     limit = body["n_predict"] if server.flavour == "llamacpp" else body["max_tokens"]
     assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], limit) == (0.6, 0.95, 5, 0.01, 3)
     [turn] = lines(tmp_path / "out.jsonl")[0]["turns"]
@@ -80,12 +81,11 @@ def test_requests_carry_the_sampling_settings(server, tmp_path):
 
 
 @pytest.mark.parametrize("server", ["plain"], indirect=True)
-def test_a_server_without_token_ids_fails_in_one_sentence(server, tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", [{"turns": ["abc"]}])
-    _, tally = run(server, prompts, tmp_path / "out.jsonl")
-    assert (tally.succeeded, tally.failed) == (0, 1)
-    [error] = lines(error_path(tmp_path / "out.jsonl"))
-    assert error["status"] == "error" and error["turn"] == 1 and "returned no token ids" in error["error"]
+def test_a_server_without_token_ids_is_refused_before_any_work(server):
+    with pytest.raises(DsparkError, match=r"failed a one-token request through the openai API: the server returned "
+                       "no token ids with its reply"):
+        connect(server.url, Sampling())
+    assert server.prompts == [PROBE]
 
 
 def test_a_failed_turn_is_an_error_record_and_the_others_succeed(server, tmp_path):
@@ -106,7 +106,7 @@ def test_resume_skips_what_succeeded_and_retries_the_errors(server, tmp_path):
     prompts.write_text(prompts.read_text())  # unchanged input
     server.prompts.clear()
     _, tally = run(server, prompts, out, resume=True)
-    assert server.prompts == [render([{"role": "user", "content": "FAIL"}])]  # only the failed one again
+    assert server.asked() == [render([{"role": "user", "content": "FAIL"}])]  # only the failed one again
     assert (tally.skipped, tally.succeeded, tally.failed) == (2, 0, 1)
     assert out.read_text() == before  # kept as it was: appended to, never rewritten
     assert len(lines(error_path(out))) == 1  # the error file holds this run's errors only
@@ -134,7 +134,7 @@ def test_resume_completes_what_an_interrupt_left(server, tmp_path):
     finally:
         fresh.close()
     assert tally.skipped == len(kept) and tally.succeeded == 6 - len(kept)
-    assert len(fresh.prompts) == 6 - len(kept)
+    assert len(fresh.asked()) == 6 - len(kept)
     assert lines(out)[: len(kept)] == kept
     assert sorted(r["index"] for r in lines(out)) == list(range(6))
 

@@ -20,11 +20,12 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from dspark_cli.errors import DsparkError, SettingError
 
 APIS = ("auto", "llamacpp", "openai")
+PROBE = [{"role": "user", "content": "Hello"}]  # the one-token request that checks a server before any work
 ERROR_BODY_CHARS = 300  # of a server's error message quoted in a record
 
 
@@ -146,9 +147,9 @@ def base_url(url: str) -> str:
 
 def connect(url: str, sampling: Sampling, api: str = "auto", model: str | None = None,
             timeout: float = 600.0) -> Server:
-    """The server at `url`, reached once before any work: its models (/v1/models), the API (llama.cpp when /props
-    answers as llama-server does, else OpenAI), the model to name. DsparkError (one sentence) when it cannot be
-    reached or does not serve `model`."""
+    """The server at `url`, checked before any work: its models (/v1/models), the API (llama.cpp when /props
+    answers as llama-server does, else OpenAI), the model to name, and one one-token request through that API.
+    DsparkError (one sentence) when it cannot be reached, does not serve `model` or fails the request."""
     if api not in APIS:
         raise SettingError("api", f"{api!r} is not an API; choose {', '.join(APIS)}.")
     if not (math.isfinite(timeout) and timeout > 0):
@@ -167,7 +168,13 @@ def connect(url: str, sampling: Sampling, api: str = "auto", model: str | None =
         raise DsparkError(f"the server at {probe.url} lists no model at /v1/models; name it with the model option.")
     if api == "auto":
         api = "llamacpp" if _is_llamacpp(probe) else "openai"
-    return Server(probe.url, api, model or names[0], sampling, timeout)
+    server = Server(probe.url, api, model or names[0], sampling, timeout)
+    try:  # one token, as DeepSpec's script checks its servers: an API that cannot give token ids fails here, once
+        Server(server.url, api, server.model, replace(sampling, max_tokens=1), timeout).reply(PROBE)
+    except ServerError as error:
+        raise DsparkError(f"the server at {server.url} failed a one-token request through the {api} API: {error} "
+                          "Check the api option, or serve the target with an engine that returns token ids.") from None
+    return server
 
 
 def _is_llamacpp(probe: Server) -> bool:
@@ -203,7 +210,8 @@ def _llamacpp_reply(server: Server, messages: list[dict]) -> Reply:
 def _openai_reply(server: Server, messages: list[dict]) -> Reply:
     s = server.sampling
     body = {"model": server.model, "messages": messages, "max_tokens": s.max_tokens, "temperature": s.temperature,
-            "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p, "stream": False, "return_token_ids": True,
+            "top_p": s.top_p, "top_k": s.top_k or -1,  # SGLang takes -1, not 0, for "off"; vLLM takes both
+            "min_p": s.min_p, "stream": False, "return_token_ids": True,
             "return_prompt_token_ids": True, "skip_special_tokens": True, **_template_kwargs(server)}
     done = server.post("/v1/chat/completions", body)
     choices = _field(done, "choices", list, "/v1/chat/completions")
