@@ -13,6 +13,7 @@ from regen_server import EOS, PROBE, FakeServer, render, reply_ids
 from dspark_cli.errors import DsparkError, SettingError
 from dspark_cli.runtime.regen.client import Sampling, base_url, connect
 from dspark_cli.runtime.regen.prompts import read_conversations
+from dspark_cli.runtime.regen import records
 from dspark_cli.runtime.regen.records import error_path
 from dspark_cli.runtime.regen.run import Regeneration
 
@@ -137,6 +138,40 @@ def test_resume_completes_what_an_interrupt_left(server, tmp_path):
     assert len(fresh.asked()) == 6 - len(kept)
     assert lines(out)[: len(kept)] == kept
     assert sorted(r["index"] for r in lines(out)) == list(range(6))
+
+
+def test_an_interrupt_writes_the_records_that_finished_meanwhile(server, tmp_path, monkeypatch):
+    from dspark_cli.runtime.regen import run as run_module
+
+    wait = run_module._next
+
+    def when_all_finished(results):  # the three replies are in before the first is written
+        while results.qsize() < 3:
+            time.sleep(0.01)
+        return wait(results)
+
+    def interrupt(record):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "_next", when_all_finished)
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"turns": [f"p{i}"]} for i in range(3)])
+    job = Regeneration(connect(server.url, Sampling()), read_conversations(prompts), tmp_path / "out.jsonl", False, 3)
+    with pytest.raises(KeyboardInterrupt):
+        job.execute(interrupt)
+    assert sorted(r["index"] for r in lines(tmp_path / "out.jsonl")) == [0, 1, 2]
+    assert job.tally.succeeded == 3
+
+
+def test_each_record_is_on_disk_before_the_next(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(records.os, "fsync", lambda fd: synced.append(fd))
+    out = tmp_path / "out.jsonl"
+    success, errors = records.open_outputs(out, resume=False, force=False)
+    with success, errors:
+        records.append(success, {"index": 0})
+        assert out.read_text() == '{"index": 0}\n' and synced == [success.fileno()]
+        records.append(errors, {"index": 1})
+        assert error_path(out).read_text() == '{"index": 1}\n' and synced[1] == errors.fileno()
 
 
 def test_resume_refuses_other_settings_or_another_prompt_file(server, tmp_path):

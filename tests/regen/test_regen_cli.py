@@ -126,6 +126,23 @@ def test_an_interrupt_says_what_was_kept(server, prompts, tmp_path, monkeypatch)
     assert sorted(json.loads(line)["index"] for line in out.read_text().splitlines()) == [0, 1, 2]
 
 
+def test_an_interrupt_during_a_write_still_counts_what_is_on_disk(server, prompts, tmp_path, monkeypatch):
+    from dspark_cli.runtime.regen import run
+
+    append = run.append
+
+    def signal_during_fsync(handle, record):  # the record is whole on disk, its count not yet taken
+        append(handle, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "append", signal_during_fsync)
+    out = tmp_path / "out.jsonl"
+    done = regen(prompts, "-o", out, "--url", server.url, "--concurrency", "1")
+    assert done.exit_code == 130
+    kept = len(out.read_text().splitlines())
+    assert kept >= 1 and f"{out} keeps {kept} conversation" in words(done.stderr)
+
+
 class VocabOf:
     """The part of a tokenizer train's reader uses for token-id records: its size."""
 
@@ -136,7 +153,7 @@ class VocabOf:
         return self.size
 
     def __call__(self, texts, add_special_tokens=False):
-        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+        return {"input_ids": [[ord(c) + 1 for c in text] for text in texts]}
 
 
 def test_train_reads_token_ids_as_they_are(tmp_path):
@@ -146,7 +163,7 @@ def test_train_reads_token_ids_as_they_are(tmp_path):
     documents = read_documents([data])
     assert documents[0].token_ids == [5, 9, 2]
     stream = tokenize_stream(render_documents(documents, VocabOf(100)), VocabOf(100), separator_id=0)
-    assert stream.tolist() == [5, 9, 2, 0, 97, 98, 0]
+    assert stream.tolist() == [5, 9, 2, 0, 98, 99, 0]
     with pytest.raises(DsparkError, match=r"regen.jsonl:1: token id 9 is outside the target tokenizer's 8 ids"):
         render_documents(documents, VocabOf(8))
 

@@ -1,7 +1,8 @@
-"""`dspark regen` against the real llama.cpp `llama-server` (b11434) on the demo target: the ids it stores are the
-server's and decode with the demo tokenizer to the text it returned, a second turn is sent the first regenerated
-reply, an interrupted run keeps its records and `--resume` completes the rest, and `dspark train`'s reader takes the
-ids as they are. Skipped when the build is absent (scripts/build_llamacpp.sh; CI builds it)."""
+"""`dspark regen` against the real llama.cpp `llama-server` (b11434) on the demo target: the ids it stores decode
+with the demo tokenizer to the text it returned, and at temperature 0 they are the target's own greedy continuation
+(dspark's `Pair.baseline`) of the prompt ids it stores; a second turn is sent the first regenerated reply, an
+interrupted run keeps its records and `--resume` completes the rest, and `dspark train`'s reader takes the ids as
+they are. Skipped when the build is absent (scripts/build_llamacpp.sh; CI builds it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from llama_server import demo_ggufs, llama_server, needs_llamacpp  # noqa: F401 (demo_ggufs is a fixture)
 
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.pair import load_tokenizer
+from dspark_cli.runtime.pair import Pair, load_tokenizer
 from dspark_cli.runtime.train.data import load_token_stream
 
 pytestmark = needs_llamacpp
@@ -55,6 +56,10 @@ def test_regen_on_llama_server(demo_ggufs, tmp_path):
         second = regen(*args, "--resume")
         _, stderr = second.communicate(timeout=300)
         assert second.returncode == 0, stderr
+        greedy = tmp_path / "greedy.jsonl"
+        third = regen(str(prompts), "-o", str(greedy), "--url", url, "--max-tokens", "32", "--temperature", "0")
+        _, stderr = third.communicate(timeout=300)
+        assert third.returncode == 0, stderr
     assert out.read_text().startswith(kept)  # the finished records stay as they were
     done = records(out)
     assert sorted(r["index"] for r in done) == list(range(8))
@@ -77,3 +82,10 @@ def test_regen_on_llama_server(demo_ggufs, tmp_path):
                                                "<|im_start|>assistant\n")
     stream = load_token_stream([out], tokenizer).tokens.tolist()
     assert stream == [i for r in done for i in r["token_ids"] + [tokenizer.eos_token_id]]
+    # at temperature 0 the stored ids are the target's own greedy continuation of the stored prompt ids
+    pair = Pair.check(str(DEMO_DIR / "target"), str(DEMO_DIR / "draft"), device="cpu", temperature=0.0).load(
+        progress=False)
+    for record in sorted(records(greedy), key=lambda r: r["index"])[:3]:
+        for turn in record["turns"]:
+            ours = pair.baseline(turn["prompt_token_ids"], max_new_tokens=32, stop_ids=()).tokens
+            assert turn["token_ids"] == list(map(int, ours))
