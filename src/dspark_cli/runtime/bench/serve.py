@@ -170,11 +170,12 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
     try:
         connection.request("POST", endpoint.prefix + "/v1/completions", json.dumps(body).encode(),
                            {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        sock = connection.sock  # kept: a response that closes the connection takes it away from `connection`
         response = connection.getresponse()
         if response.status != 200:
             result.error = f"HTTP {response.status}: {_error_text(response.read(MAX_BODY))}"
         else:
-            _read_stream(response, connection, result, start, deadline, stop)
+            _read_stream(response, sock, result, start, deadline, stop)
     except (TimeoutError, socket.timeout):
         result.timed_out = True
     except (OSError, http.client.HTTPException) as error:
@@ -187,7 +188,7 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
     return result
 
 
-def _read_stream(response, connection, result: RequestResult, start: float, deadline: float,
+def _read_stream(response, sock: socket.socket, result: RequestResult, start: float, deadline: float,
                  stop: threading.Event | None) -> None:
     while True:
         remaining = deadline - time.perf_counter()
@@ -197,8 +198,7 @@ def _read_stream(response, connection, result: RequestResult, start: float, dead
         if stop is not None and stop.is_set():
             result.error = "interrupted"
             return
-        if connection.sock is not None:
-            connection.sock.settimeout(remaining)
+        sock.settimeout(remaining)  # every read waits only for the time left
         line = response.readline(MAX_LINE)
         if not line:
             return
