@@ -16,6 +16,7 @@ from fake_engine import FakeEngine
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.bench.serve import Endpoint, ServeConfig, run_serve_bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +118,11 @@ def test_engine_errors_are_reported_per_request():
         report = bench(engine.url, concurrencies=(1,))
     assert all(r.error == "HTTP 503: model overloaded" for r in report.levels[0].requests)
     assert report.levels[0].throughput is None
+
+
+def test_the_number_of_requests_is_bounded():
+    with pytest.raises(DsparkError, match="pass the requests option"):
+        bench("http://127.0.0.1:9", prompts=["p"] * 10_001)
 
 
 def test_endpoint_parsing():

@@ -49,6 +49,7 @@ MAX_LINE = 1 << 20  # bytes of one streamed event line
 MAX_BODY = 16 << 20  # bytes of a /metrics, /v1/models or error body
 PROBE_TIMEOUT_S = 10.0
 WARMUP_TOKENS = 4
+MAX_PROMPTS = 10_000  # prompts per level and server: a bench, not a load generator
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
         connection.request("POST", endpoint.prefix + "/v1/completions", json.dumps(body).encode(),
                            {"Content-Type": "application/json", "Accept": "text/event-stream"})
         sock = connection.sock  # kept: a response that closes the connection takes it away from `connection`
+        sock.settimeout(max(deadline - time.perf_counter(), 1e-3))  # the headers: within the time left too
         response = connection.getresponse()
         if response.status != 200:
             result.error = f"HTTP {response.status}: {_error_text(response.read(MAX_BODY))}"
@@ -504,6 +506,9 @@ def run_serve_bench(config: ServeConfig, on_request: Callable[[RequestResult], N
 def check_config(config: ServeConfig) -> None:
     if not config.prompts:
         raise DsparkError("there are no prompts to send; give a prompts file with at least one prompt.")
+    if len(config.prompts) > MAX_PROMPTS:
+        raise DsparkError(f"{len(config.prompts)} prompts would be sent at every concurrency; at most {MAX_PROMPTS} "
+                          "are: pass the requests option to send the first N.")
     if config.max_tokens < 1:
         raise DsparkError(f"the max-tokens option must be at least 1, got {config.max_tokens}.")
     if not (config.timeout_s > 0 and config.timeout_s < float("inf")):
