@@ -85,6 +85,8 @@ def test_grid_table_reads_equal_length_requests(tmp_path):
     assert table.seconds(8, 64) == pytest.approx(0.050)  # clamped at the largest batch and length
     assert table.largest_probe == 16
     assert batch_one_ms(grid_doc(), path) == {1: 10.0, 2: 12.0, 4: 16.0}  # plain `dspark plan` reads row B = 1
+    path.write_text(json.dumps(grid_doc(measured_by="llama.cpp b11434 llama-server's own timings (a script): ...")))
+    assert read_cost_table(path).kind == "batch table: llama.cpp b11434 llama-server's own timings"
 
 
 @pytest.mark.parametrize("changes, message", [
