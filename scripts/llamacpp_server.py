@@ -67,7 +67,8 @@ def dspark_spec_args(draft_folder: str | None = None, target_folder: str | None 
     from dspark_cli.runtime.engines import engine
     from dspark_cli.runtime.engines.seam import ServeRequest
 
-    request = ServeRequest(target=target_folder or str(DEMO_DIR / "target"), draft=draft_folder or str(DEMO_DIR / "draft"))
+    request = ServeRequest(target=target_folder or str(DEMO_DIR / "target"),
+                           draft=draft_folder or str(DEMO_DIR / "draft"))
     argv = engine("llamacpp").plan(request).argv
     return argv[argv.index("-md") + 2:]
 
@@ -84,7 +85,8 @@ def llama_server(target_gguf: Path, draft_gguf: Path | None = None, slots: int =
                  startup_timeout: float = 120, server: Path | None = None) -> Iterator[str]:
     """Start llama-server on a free port of 127.0.0.1 with `slots` parallel slots (the draft under dspark's flags
     when given), wait until /health answers 200, yield its URL, stop it. `log` keeps the server's output (a
-    temporary file otherwise); `server` is another llama-server binary; a server that exits or never gets healthy raises RuntimeError with its log's tail."""
+    temporary file otherwise); `server` is another llama-server binary; a server that exits or never gets healthy
+    raises RuntimeError with its log's tail."""
     argv = [str(server or SERVER), "-m", str(target_gguf)]
     if draft_gguf is not None:
         argv += ["-md", str(draft_gguf)] + dspark_spec_args()

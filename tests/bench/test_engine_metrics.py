@@ -86,7 +86,8 @@ sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank
 # TYPE sglang:spec_accept_length gauge
 sglang:spec_accept_length{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 2.9
 sglang:spec_accept_length{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="1"} 3.1
-# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding (`accepted tokens / total draft tokens` in batch).
+# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding (`accepted tokens / total draft \
+tokens` in batch).
 # TYPE sglang:spec_accept_rate gauge
 sglang:spec_accept_rate{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 0.27
 """

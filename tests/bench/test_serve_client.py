@@ -16,6 +16,7 @@ from fake_engine import FakeEngine
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.bench.serve import Endpoint, ServeConfig, run_serve_bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,11 +103,26 @@ def test_every_request_is_bounded_by_the_timeout():
     assert report.failures == 4
 
 
+def test_a_stalled_stream_is_cut_at_the_bound():
+    """The socket waits only for the time left: a request whose first token came late is not given a whole new
+    timeout for its next read."""
+    with FakeEngine(flavour="openai", tokens=3, first_delay=0.8, gap=2.0) as engine:
+        report = bench(engine.url, prompts=["one"], concurrencies=(1,), timeout_s=1.0)
+    (request,) = report.levels[0].requests
+    assert request.timed_out and request.ttft_s >= 0.8
+    assert request.latency_s < 1.4  # 0.8 + a fresh 1.0 s wait would end near 1.8
+
+
 def test_engine_errors_are_reported_per_request():
     with FakeEngine(flavour="openai", status=503) as engine:
         report = bench(engine.url, concurrencies=(1,))
     assert all(r.error == "HTTP 503: model overloaded" for r in report.levels[0].requests)
     assert report.levels[0].throughput is None
+
+
+def test_the_number_of_requests_is_bounded():
+    with pytest.raises(DsparkError, match="pass the requests option"):
+        bench("http://127.0.0.1:9", prompts=["p"] * 10_001)
 
 
 def test_endpoint_parsing():
@@ -149,9 +165,10 @@ def test_cli_json_plot_exclusive_and_failures(tmp_path):
         assert [(lv["server"], lv["concurrency"], lv["ok"]) for lv in doc["levels"]] == [
             ("speculative", 1, 3), ("baseline", 1, 3), ("speculative", 2, 3), ("baseline", 2, 3)]
         assert len(doc["requests"]) == 12 and doc["levels"][0]["acceptance"] == pytest.approx(6 / 14)
-        before = out.read_text()
+        before, served = out.read_text(), spec.served
         again = run_cli(*args)
         assert again.exit_code == 2 and "already exists" in again.output and out.read_text() == before
+        assert spec.served == served  # refused before any request
         assert run_cli(*args, "--force").exit_code == 0
     with FakeEngine(flavour="openai", status=500) as broken:
         failed = run_cli(broken.url, "--prompts", str(prompts), "--concurrency", "1", "--no-warmup")

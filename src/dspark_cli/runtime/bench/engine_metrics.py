@@ -16,9 +16,9 @@ Names, read from each engine's source:
   `timings.draft_n` and `timings.draft_n_accepted`, present only when the slot drafted.
 - SGLang (python/sglang/srt/metrics/collector.py): gauges `sglang:spec_accept_length` (mean tokens per verify step,
   bonus token included) and `sglang:spec_accept_rate` (accepted / drafted), the value of the latest logging
-  interval, not totals; `/get_server_info` (`internal_states[i].avg_spec_accept_length`, one entry per data-parallel
-  rank; managers/scheduler.py get_internal_state: cum_spec_accept_length / cum_spec_accept_count since the server
-  started).
+  interval, not totals; `/get_server_info` (`internal_states[i].avg_spec_accept_length`, one entry per
+  data-parallel rank; python/sglang/srt/managers/scheduler.py get_internal_state: cum_spec_accept_length /
+  cum_spec_accept_count, since the server started).
 """
 
 from __future__ import annotations
@@ -158,7 +158,9 @@ def sglang_avg_accept_length(info: object) -> float | None:
     if isinstance(info.get("decode"), list) and info["decode"]:
         info = info["decode"][0]
     states = info.get("internal_states") if isinstance(info, dict) else None
-    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+    if not isinstance(states, list):
+        return None
+    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
     values = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return sum(values) / len(values) if values else None
 

@@ -49,6 +49,7 @@ MAX_LINE = 1 << 20  # bytes of one streamed event line
 MAX_BODY = 16 << 20  # bytes of a /metrics, /v1/models or error body
 PROBE_TIMEOUT_S = 10.0
 WARMUP_TOKENS = 4
+MAX_PROMPTS = 10_000  # prompts per level and server: a bench, not a load generator
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,13 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
     try:
         connection.request("POST", endpoint.prefix + "/v1/completions", json.dumps(body).encode(),
                            {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        sock = connection.sock  # kept: a response that closes the connection takes it away from `connection`
+        sock.settimeout(max(deadline - time.perf_counter(), 1e-3))  # the headers: within the time left too
         response = connection.getresponse()
         if response.status != 200:
             result.error = f"HTTP {response.status}: {_error_text(response.read(MAX_BODY))}"
         else:
-            _read_stream(response, connection, result, start, deadline, stop)
+            _read_stream(response, sock, result, start, deadline, stop)
     except (TimeoutError, socket.timeout):
         result.timed_out = True
     except (OSError, http.client.HTTPException) as error:
@@ -187,7 +190,7 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
     return result
 
 
-def _read_stream(response, connection, result: RequestResult, start: float, deadline: float,
+def _read_stream(response, sock: socket.socket, result: RequestResult, start: float, deadline: float,
                  stop: threading.Event | None) -> None:
     while True:
         remaining = deadline - time.perf_counter()
@@ -197,8 +200,7 @@ def _read_stream(response, connection, result: RequestResult, start: float, dead
         if stop is not None and stop.is_set():
             result.error = "interrupted"
             return
-        if connection.sock is not None:
-            connection.sock.settimeout(remaining)
+        sock.settimeout(remaining)  # every read waits only for the time left
         line = response.readline(MAX_LINE)
         if not line:
             return
@@ -504,6 +506,9 @@ def run_serve_bench(config: ServeConfig, on_request: Callable[[RequestResult], N
 def check_config(config: ServeConfig) -> None:
     if not config.prompts:
         raise DsparkError("there are no prompts to send; give a prompts file with at least one prompt.")
+    if len(config.prompts) > MAX_PROMPTS:
+        raise DsparkError(f"{len(config.prompts)} prompts would be sent at every concurrency; at most {MAX_PROMPTS} "
+                          "are: pass the requests option to send the first N.")
     if config.max_tokens < 1:
         raise DsparkError(f"the max-tokens option must be at least 1, got {config.max_tokens}.")
     if not (config.timeout_s > 0 and config.timeout_s < float("inf")):

@@ -18,7 +18,8 @@
 - dspark's batch sweep (`bench verify --batch 1,4,16 --json`, format dspark-verify-costs/2: `batches`, `tokens`,
   `ms` one row per batch): B requests scoring t tokens each. A step of R requests scoring M tokens in all costs the
   row interpolation at t = M / R (linear between probes, clamped), then linear between the batch rows around R
-  (clamped): R requests of equal length. dspark's PyTorch measurement, not an engine's table (its `kind` says so).
+  (clamped): R requests of equal length. dspark's PyTorch measurement, not an engine's table (its `kind` says so;
+  a table of this shape derived from an engine's own timings says so in `measured_by`, which its `kind` names).
   Its batch-1 row is also what plain `dspark plan --costs` reads.
 
 Every table is checked as input: bounded, finite, probes strictly increasing integers >= 1, values > 0 (overheads
@@ -200,7 +201,16 @@ def _grid(doc: dict, path: Path) -> GridTable:
     if not good or len(batches) * len(tokens) > MAX_PROBES:
         raise DsparkError(f"{path}: 'ms' must hold one row per batch size ({len(batches)}), each with one time above "
                           f"0 per token count ({len(tokens)}), as `dspark bench verify` writes with the batch option.")
-    return GridTable(batches, tokens, tuple(tuple(float(v) for v in row) for row in ms))
+    return GridTable(batches, tokens, tuple(tuple(float(v) for v in row) for row in ms), _grid_kind(doc))
+
+
+def _grid_kind(doc: dict) -> str:
+    """What plan prints for a batch table: dspark's own PyTorch measurement, or what its `measured_by` names first
+    (a table derived from an engine's timings, written in this format)."""
+    source = doc.get("measured_by")
+    if not isinstance(source, str) or source.startswith("dspark bench verify"):
+        return GridTable.kind
+    return "batch table: " + source.split(" (")[0].split(":")[0].strip()[:80]
 
 
 def _sps(doc: dict, path: Path) -> SpsTable:
