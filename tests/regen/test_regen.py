@@ -77,8 +77,16 @@ def test_requests_carry_the_sampling_settings(server, tmp_path):
     assert (probe["n_predict"] if server.flavour == "llamacpp" else probe["max_tokens"]) == 1
     limit = body["n_predict"] if server.flavour == "llamacpp" else body["max_tokens"]
     assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], limit) == (0.6, 0.95, 5, 0.01, 3)
+    template = server.templated[-1] if server.flavour == "llamacpp" else body
+    assert template["chat_template_kwargs"] == {"enable_thinking": True}
     [turn] = lines(tmp_path / "out.jsonl")[0]["turns"]
     assert turn["finish_reason"] == "length" and len(turn["token_ids"]) == 3
+
+
+@pytest.mark.parametrize("server", ["sglang"], indirect=True)
+def test_top_k_off_is_minus_one_on_the_openai_api(server, tmp_path):
+    run(server, write_prompts(tmp_path / "p.jsonl", ["abc"]), tmp_path / "out.jsonl", top_k=0)
+    assert server.bodies[-1]["top_k"] == -1 and server.bodies[-1]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize("server", ["plain"], indirect=True)

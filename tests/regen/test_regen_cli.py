@@ -143,6 +143,20 @@ def test_an_interrupt_during_a_write_still_counts_what_is_on_disk(server, prompt
     assert kept >= 1 and f"{out} keeps {kept} conversation" in words(done.stderr)
 
 
+def test_sigterm_is_exit_143_with_what_was_kept(server, prompts, tmp_path, monkeypatch):
+    from dspark_cli.errors import Terminated
+    from dspark_cli.runtime.regen import run
+
+    def terminated(results):
+        raise Terminated()
+
+    monkeypatch.setattr(run, "_next", terminated)
+    out = tmp_path / "out.jsonl"
+    done = regen(prompts, "-o", out, "--url", server.url)
+    assert done.exit_code == 143
+    assert words(done.stderr).startswith(f"terminated: {out} keeps ")
+
+
 class VocabOf:
     """The part of a tokenizer train's reader uses for token-id records: its size."""
 
