@@ -49,7 +49,7 @@ def test_no_runtime_message_names_a_flag():
 # the shared modules; never a higher layer or a sibling folder of the same layer.
 LAYERS = [
     ("cli",),
-    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.session"),
+    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.regen", "runtime.session"),
     ("runtime.pair",),
     ("runtime.engines",),
     ("runtime.decode", "runtime.measure"),
@@ -63,7 +63,7 @@ SHARED = ("errors", "triton_mode", "runtime.devices", "runtime.units", "runtime.
           "runtime.distributed")
 # The torch-free layers: validate, serve, plan and calibrate's reading run without torch installed.
 TORCH_FREE = ("runtime.checkpoint", "runtime.io", "runtime.settings", "runtime.rounds", "runtime.engines",
-              "runtime.measure", "runtime.convert")
+              "runtime.measure", "runtime.convert", "runtime.regen")
 
 
 def _room(module: str) -> tuple[int, str] | None:

@@ -8,10 +8,11 @@ from pathlib import Path
 import typer
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli import options
+from dspark_cli.cli import options, render
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors, name_flags
 from dspark_cli.errors import EXIT_FINDINGS, DsparkError
 from dspark_cli.runtime.units import format_bytes
@@ -262,6 +263,8 @@ def verify(
     tokens: int = typer.Option(8, "--tokens", min=1, help="Time passes over t = 1..TOKENS tokens (block size + 1 "
                                "covers every verify length)."),
     context: int = typer.Option(512, "--context", min=1, help="Cached positions before the scored tokens."),
+    batch: str = typer.Option("1", "--batch", metavar="B,B...", help="Requests per pass: more than batch 1 times B "
+                              "sequences of t tokens each, the table `dspark plan --concurrency` reads."),
     device: options.device() = "auto",
     dtype: options.dtype() = "auto",
     reps: int = typer.Option(None, "--reps", min=1, help="Timed repetitions per length (default 50 on CUDA, 10 on "
@@ -269,12 +272,14 @@ def verify(
     warmup: int = typer.Option(None, "--warmup", min=0, help="Untimed rounds first (default 5 on CUDA, 2 on CPU)."),
     json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
 ) -> None:
-    """Time the target's verify pass over t tokens on this device: the cost table `dspark plan --costs` reads."""
-    from dspark_cli.runtime.bench.verify import verify_costs
+    """Time the target's verify pass over t tokens (and B requests) on this device: the cost table `dspark plan
+    --costs` reads."""
+    from dspark_cli.runtime.bench.verify import batch_verify_costs, verify_costs
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
+    batches = tuple(sorted(set(_ints(batch, "--batch"))))
     if target is None:
         if draft is not None:
             raise DsparkError("--draft needs its --target; give both, or neither for the demo pair.")
@@ -286,17 +291,156 @@ def verify(
     except ValueError as error:
         raise DsparkError(f"--dtype {error}.") from None
     cuda = torch_device.type == "cuda"
+    reps, warmup = reps or (50 if cuda else 10), (5 if cuda else 2) if warmup is None else warmup
     with err_console.status("loading the target, then timing"):
-        costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps or (50 if cuda else 10),
-                             (5 if cuda else 2) if warmup is None else warmup)
+        if batches == (1,):
+            costs = verify_costs(target, draft, torch_device, torch_dtype, context, tokens, reps, warmup)
+            timings = {(1, t): timing for t, timing in costs.timings.items()}
+        else:
+            costs = batch_verify_costs(target, draft, torch_device, torch_dtype, context, tokens, batches, reps,
+                                       warmup)
+            timings = costs.timings
     out = err_console if options.to_stdout(json_out) else console
-    table = Table(title=Text(f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"),
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("tokens", "median ms", "min ms", "p10–p90 ms", "ms/token"):
+    title = f"target score pass after {context} cached positions · {costs.device} {costs.dtype}"
+    if batches != (1,):
+        title += " · B requests of t tokens each (dspark's PyTorch forward, not an engine's)"
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("B", "tokens", "median ms", "min ms", "p10–p90 ms", "ms/token"):
         table.add_column(name, justify="right")
-    for t, timing in sorted(costs.timings.items()):
-        table.add_row(str(t), f"{timing.median_us / 1000:.3f}", f"{timing.min_us / 1000:.3f}",
-                      f"{timing.p10_us / 1000:.3f}–{timing.p90_us / 1000:.3f}", f"{timing.median_us / 1000 / t:.3f}")
+    previous = None
+    for (b, t), timing in sorted(timings.items()):
+        if previous is not None and b != previous:
+            table.add_section()
+        previous = b
+        table.add_row(str(b), str(t), f"{timing.median_us / 1000:.3f}", f"{timing.min_us / 1000:.3f}",
+                      f"{timing.p10_us / 1000:.3f}–{timing.p90_us / 1000:.3f}",
+                      f"{timing.median_us / 1000 / (b * t):.3f}")
     out.print(table)
     if json_out is not None:
         emit_json(costs.to_dict(), json_out)
+
+
+@bench_app.command("serve")
+@handle_errors
+def serve(
+    url: str = typer.Argument(..., metavar="URL", help="The engine serving the target with its draft, e.g. "
+                              "http://127.0.0.1:8000."),
+    prompts: Path = typer.Option(None, "--prompts", metavar="FILE", help="Prompts: .jsonl (DeepSpec's `turns`, or "
+                                 "`prompt`) or .txt (default: the demo's code and prose sets)."),
+    concurrency: str = typer.Option("1,2,4", "--concurrency", metavar="C,C...", help="Requests in flight at a "
+                                    "time, one measurement each."),
+    baseline: str = typer.Option(None, "--baseline", metavar="URL", help="The same target without a draft: the "
+                                 "speedup's denominator."),
+    max_tokens: int = typer.Option(64, "--max-tokens", min=1, max=1_000_000, help="Tokens generated per request "
+                                   "(the end-of-text token is ignored)."),
+    requests: int = typer.Option(None, "--requests", min=1, max=10_000, help="Send only the first N prompts (each "
+                                 "once per concurrency and server)."),
+    timeout: float = typer.Option(120.0, "--timeout", min=0.001, help="Seconds one request may take in all; a "
+                                  "slower one is cut and counted as timed out."),
+    engine: str = typer.Option("auto", "--engine", help="auto, llamacpp, vllm, sglang or openai: where acceptance "
+                               "is read (auto: told from the server)."),
+    model: str = typer.Option(None, "--model", help="The model name sent with each request (default: the server's "
+                              "first /v1/models entry)."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send one short untimed request to each server "
+                                "first."),
+    json_out: options.json_path("the measurements (the tables then go to stderr)") = None,
+    plot: Path = typer.Option(None, "--plot", help="Write a PNG of tokens/s against concurrency to FILE."),
+    force: options.force("Replace existing --json / --plot files.") = False,
+) -> None:
+    """Measure a running engine with and without its draft: throughput, TTFT, inter-token latency, tokens/s per
+    request and the acceptance the engine reports, at each concurrency.
+
+    Greedy (temperature 0) streamed /v1/completions. Exit code 2 when a URL is malformed or a server cannot
+    be reached, 1 when a request failed or timed out, 130 on Ctrl-C (after printing what was measured).
+    """
+    from dspark_cli.cli.plan_load import parse_concurrency
+    from dspark_cli.runtime.bench.serve import ServeConfig, run_serve_bench, write_serve_chart
+    from dspark_cli.runtime.measure.evaluation import SHIPPED_SETS, read_prompt_set
+
+    if not math.isfinite(timeout):
+        raise DsparkError(f"--timeout must be a finite number of seconds, got {timeout}.")
+    inputs = [] if prompts is None else [("prompts file", prompts)]
+    _check_exclusive([("--json file", json_out), ("--plot file", plot)], inputs, force)
+    texts = [p for path in ([prompts] if prompts else SHIPPED_SETS) for p in read_prompt_set(path).prompts]
+    config = ServeConfig(url=url, prompts=texts[:requests], concurrencies=tuple(parse_concurrency(concurrency)),
+                         max_tokens=max_tokens, baseline=baseline, timeout_s=timeout, engine=engine, model=model,
+                         warmup=warmup)
+    out = err_console if options.to_stdout(json_out) else console
+    total = len(config.prompts) * len(config.concurrencies) * (2 if baseline else 1)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("requests", total=total)
+        report = run_serve_bench(config, on_request=lambda result: progress.advance(task))
+    out.print(render.fitted(out, lambda padding: _serve_table(report, padding)))
+    for note in _serve_notes(report):
+        out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
+    _write_exclusive(json_out, force, lambda path: emit_json(report.to_dict(), path))
+    _write_exclusive(plot, force, lambda path: write_serve_chart(report, path))
+    if report.interrupted:
+        raise KeyboardInterrupt
+    if report.failures:
+        raise DsparkError(f"{report.failures} request(s) failed or timed out (the table's req column); their "
+                          "tokens are not in the figures.", EXIT_FINDINGS)
+
+
+def _check_exclusive(outputs: list[tuple[str, Path | None]], inputs: list, force: bool) -> None:
+    """check_output_files, and an existing file refused unless --force: before any request is sent."""
+    from dspark_cli.runtime.io.outputs import check_output_files
+
+    check_output_files(outputs, inputs)
+    for what, path in outputs:
+        if path is not None and not options.to_stdout(path) and path.exists() and not force:
+            raise DsparkError(f"{what} {path} already exists; choose another file or pass --force to replace it.")
+
+
+def _write_exclusive(path: Path | None, force: bool, write) -> None:
+    """Write through a temporary file beside `path`, published without replacing one that appeared meanwhile
+    (unless --force); `-` is stdout."""
+    from dspark_cli.runtime.io.outputs import atomic_output_file
+
+    if path is None:
+        return
+    if options.to_stdout(path):
+        write(path)
+        return
+    with atomic_output_file(path, force) as tmp:
+        write(tmp)
+
+
+def _serve_table(report, padding: tuple[int, int]) -> Table:
+    table = Table(title=Text(f"bench serve · {report.servers['speculative'].endpoint.url} "
+                             f"({report.servers['speculative'].engine}) · max tokens {report.config.max_tokens}"),
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=padding)
+    render.columns(table, ("C", "server", "req ok", "tok/s", "speedup", "tok/s per req", "TTFT ms", "ITL ms",
+                           "accept"))
+    previous = None
+    for level in report.levels:
+        if previous is not None and level.concurrency != previous:
+            table.add_section()
+        previous = level.concurrency
+        s = level.summary()
+        speedup = report.speedup(level.concurrency) if level.server == "speculative" else None
+        table.add_row(str(level.concurrency), "spec" if level.server == "speculative" else "base",
+                      f"{s['ok']}/{s['requests']}" + ("" if level.complete else "*"), _num(s["tokens_per_s"]),
+                      _ratio(speedup), _num(s["per_request_tokens_per_s"]), _ms(s["ttft_s"]["median"]),
+                      _ms(s["itl_s"]["median"]), "" if level.acceptance is None else f"{level.acceptance:.3f}")
+    return table
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else _num(seconds * 1000)
+
+
+def _serve_notes(report) -> list[str]:
+    notes = ["tok/s: generated tokens of the level over its wall time; TTFT, ITL: medians; accept: accepted / "
+             "drafted tokens as the engine reports them" + {
+                 "llamacpp": " (llama.cpp: each response's timings.draft_n_accepted / draft_n)",
+                 "vllm": " (vLLM: its spec_decode counters, /metrics before and after the level)",
+                 "sglang": " (SGLang: its spec_accept_rate gauge, the latest logging interval)",
+             }.get(report.servers["speculative"].engine, "")]
+    if report.servers["speculative"].engine == "openai":
+        notes.append("the engine was not recognised (no llama.cpp header, no vllm: or sglang: metrics), so no "
+                     "acceptance is read; pass the engine option if it is one of them.")
+    if report.interrupted:
+        notes.append("interrupted: * marks a level cut short; the figures hold the requests that finished.")
+    return notes

@@ -27,7 +27,9 @@ FLAGS = {"block_size": "--block-size", "draft_topk": "--draft-topk", "markov": "
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
          "confidence_threshold": "--confidence-threshold", "confidence_rule": "--confidence-rule",
          "calibration": "--calibration", "device": "--device", "dtype": "--dtype", "target": "--target",
-         "draft": "--draft", "dist_timeout": "--dist-timeout", "engine": "--engine"}
+         "draft": "--draft", "dist_timeout": "--dist-timeout", "engine": "--engine",
+         "url": "--url", "api": "--api", "timeout": "--timeout", "min_p": "--min-p", "max_tokens": "--max-tokens",
+         "concurrency": "--concurrency"}
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 STDOUT = "-"
 

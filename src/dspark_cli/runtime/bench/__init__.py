@@ -1,4 +1,4 @@
-"""bench/: the library half of `dspark bench markov` and `dspark bench verify`.
+"""bench/: the library half of `dspark bench markov`, `dspark bench verify` and `dspark bench serve`.
 
 - run.py       `run_bench`: checks, then every configuration timed (`BenchConfig`, heads from a checkpoint or random)
 - inputs.py    configurations, heads, random inputs, the memory check
@@ -6,5 +6,9 @@
 - timer.py     the interleaved timer (rotated rounds, spread limit), CUDA graphs
 - report.py    rows, bandwidth bounds, the report, the latency chart;  lineplot.py: a dependency-free PNG chart
 - verify.py    `dspark bench verify`: the target loaded and its score pass timed for t = 1..T tokens (`verify_costs`;
-               the table `dspark plan` reads)
+               the table `dspark plan` reads), and for B requests x t tokens (`batch_verify_costs`, `--batch`)
+- serve.py     `dspark bench serve`: a client for a running OpenAI-compatible engine (streamed requests in threads,
+               bounded; throughput, TTFT, ITL, per-request tokens/s; `run_serve_bench`)
+- engine_metrics.py  what engines report about speculation: vLLM / llama.cpp Prometheus counters, SGLang's gauges
+               and server info, llama.cpp's per-response timings (torch-free parsers)
 """

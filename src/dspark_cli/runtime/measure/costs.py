@@ -15,6 +15,12 @@
   default of a TensorRT-LLM fork's `plan_dynamic_verifier_budget`).
 - dspark's own `bench verify --json` table (`tokens`, `ms`): a target pass over t tokens at batch 1 only;
   `sps_table_of` turns it into SGLang's 1-D table at batch 1, exactly (the same times at the same probes).
+- dspark's batch sweep (`bench verify --batch 1,4,16 --json`, format dspark-verify-costs/2: `batches`, `tokens`,
+  `ms` one row per batch): B requests scoring t tokens each. A step of R requests scoring M tokens in all costs the
+  row interpolation at t = M / R (linear between probes, clamped), then linear between the batch rows around R
+  (clamped): R requests of equal length. dspark's PyTorch measurement, not an engine's table (its `kind` says so;
+  a table of this shape derived from an engine's own timings says so in `measured_by`, which its `kind` names).
+  Its batch-1 row is also what plain `dspark plan --costs` reads.
 
 Every table is checked as input: bounded, finite, probes strictly increasing integers >= 1, values > 0 (overheads
 >= 0); a problem is one sentence naming the file and the key. Torch-free.
@@ -111,7 +117,30 @@ class TrtTable:
         return self.token_counts[-1]
 
 
-CostTable = SpsTable | AdditiveTable | TrtTable
+@dataclass(frozen=True)
+class GridTable:
+    """dspark's batch sweep: milliseconds of B requests x t tokens each, read as R requests of equal length."""
+
+    batches: tuple[int, ...]
+    tokens: tuple[int, ...]
+    ms: tuple[tuple[float, ...], ...]  # [batch][tokens]
+    kind: str = "dspark bench verify batch table (dspark's PyTorch forward, not the engine's)"
+
+    @property
+    def batch_one(self) -> bool:
+        return self.batches == (1,)
+
+    def seconds(self, requests: int, tokens: int) -> float:
+        per_request = tokens / max(requests, 1)
+        rows = [_interp_clamped(self.tokens, row, per_request) for row in self.ms]
+        return _interp_clamped(self.batches, rows, requests) / 1000.0
+
+    @property
+    def largest_probe(self) -> int:
+        return self.batches[-1] * self.tokens[-1]
+
+
+CostTable = SpsTable | AdditiveTable | TrtTable | GridTable
 
 
 def sps_table_of(ms_by_tokens: dict[int, float]) -> SpsTable:
@@ -134,6 +163,8 @@ def read_cost_table(path: Path) -> CostTable:
         return _sps(doc, path)
     if "token_counts" in doc:
         return _trt(doc, path)
+    if "batches" in doc:
+        return _grid(doc, path)
     if "tokens" in doc:
         return sps_table_of(batch_one_ms(doc, path))
     raise DsparkError(f"{path} is not a cost table: it has none of the keys 'sample_batch_tokens', 'bias_seconds' "
@@ -141,7 +172,14 @@ def read_cost_table(path: Path) -> CostTable:
 
 
 def batch_one_ms(doc, path: Path) -> dict[int, float]:
-    """dspark's `bench verify` table: tokens -> ms, distinct tokens >= 1 and times above 0."""
+    """dspark's `bench verify` table: tokens -> ms, distinct tokens >= 1 and times above 0 (a batch sweep: its batch-1
+    row)."""
+    if isinstance(doc, dict) and "batches" in doc:
+        grid = _grid(doc, path)
+        if grid.batches[0] != 1:
+            raise DsparkError(f"{path} holds no batch-1 row ('batches' starts at {grid.batches[0]}); measure one with "
+                              "`dspark bench verify` and a batch option that includes 1.")
+        return dict(zip(grid.tokens, grid.ms[0]))
     tokens = doc.get("tokens") if isinstance(doc, dict) else None
     ms = doc.get("ms") if isinstance(doc, dict) else None
     good = (isinstance(tokens, list) and isinstance(ms, list) and 0 < len(tokens) <= MAX_PROBES
@@ -151,6 +189,28 @@ def batch_one_ms(doc, path: Path) -> dict[int, float]:
         raise DsparkError(f"{path} needs 'tokens' (distinct integers >= 1) and 'ms' (one time above 0 per entry) "
                           "lists of the same length, as `dspark bench verify` writes with the json option.")
     return dict(zip(tokens, (float(m) for m in ms)))
+
+
+def _grid(doc: dict, path: Path) -> GridTable:
+    batches = _probes(doc, "batches", path)
+    tokens = _probes(doc, "tokens", path)
+    ms = doc.get("ms")
+    good = (isinstance(ms, list) and len(ms) == len(batches)
+            and all(isinstance(row, list) and len(row) == len(tokens) and all(_is_number(v) and v > 0 for v in row)
+                    for row in ms))
+    if not good or len(batches) * len(tokens) > MAX_PROBES:
+        raise DsparkError(f"{path}: 'ms' must hold one row per batch size ({len(batches)}), each with one time above "
+                          f"0 per token count ({len(tokens)}), as `dspark bench verify` writes with the batch option.")
+    return GridTable(batches, tokens, tuple(tuple(float(v) for v in row) for row in ms), _grid_kind(doc))
+
+
+def _grid_kind(doc: dict) -> str:
+    """What plan prints for a batch table: dspark's own PyTorch measurement, or what its `measured_by` names first
+    (a table derived from an engine's timings, written in this format)."""
+    source = doc.get("measured_by")
+    if not isinstance(source, str) or source.startswith("dspark bench verify"):
+        return GridTable.kind
+    return "batch table: " + source.split(" (")[0].split(":")[0].strip()[:80]
 
 
 def _sps(doc: dict, path: Path) -> SpsTable:
