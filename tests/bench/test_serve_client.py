@@ -171,8 +171,11 @@ def test_cli_json_plot_exclusive_and_failures(tmp_path):
         assert spec.served == served  # refused before any request
         assert run_cli(*args, "--force").exit_code == 0
     with FakeEngine(flavour="openai", status=500) as broken:
-        failed = run_cli(broken.url, "--prompts", str(prompts), "--concurrency", "1", "--no-warmup")
+        failed = run_cli(broken.url, "--prompts", str(prompts), "--concurrency", "1", "--no-warmup", "--plot",
+                         str(tmp_path / "none.png"))
     assert failed.exit_code == 1 and "3 request(s) failed or timed out" in failed.output
+    assert "no plot written" in failed.output and not (tmp_path / "none.png").exists()
+    assert run_cli(spec.url, "--plot", "-").exit_code == 2
 
 
 def test_ctrl_c_prints_what_was_measured(tmp_path):

@@ -354,11 +354,13 @@ def serve(
     be reached, 1 when a request failed or timed out, 130 on Ctrl-C (after printing what was measured).
     """
     from dspark_cli.cli.plan_load import parse_concurrency
-    from dspark_cli.runtime.bench.serve import ServeConfig, run_serve_bench, write_serve_chart
+    from dspark_cli.runtime.bench.serve import ServeConfig, has_chart, run_serve_bench, write_serve_chart
     from dspark_cli.runtime.measure.evaluation import SHIPPED_SETS, read_prompt_set
 
     if not math.isfinite(timeout):
         raise DsparkError(f"--timeout must be a finite number of seconds, got {timeout}.")
+    if plot is not None and options.to_stdout(plot):
+        raise DsparkError("--plot writes a PNG file; give a file name, not -.")
     inputs = [] if prompts is None else [("prompts file", prompts)]
     _check_exclusive([("--json file", json_out), ("--plot file", plot)], inputs, force)
     texts = [p for path in ([prompts] if prompts else SHIPPED_SETS) for p in read_prompt_set(path).prompts]
@@ -375,7 +377,10 @@ def serve(
     for note in _serve_notes(report):
         out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
     _write_exclusive(json_out, force, lambda path: emit_json(report.to_dict(), path))
-    _write_exclusive(plot, force, lambda path: write_serve_chart(report, path))
+    if plot is not None and not has_chart(report):
+        out.print(Text(f"• no plot written to {plot}: no level finished a request.", style="dim"), highlight=False)
+    elif plot is not None:
+        _write_exclusive(plot, force, lambda path: write_serve_chart(report, path))
     if report.interrupted:
         raise KeyboardInterrupt
     if report.failures:

@@ -517,8 +517,14 @@ def check_config(config: ServeConfig) -> None:
         raise DsparkError("the concurrency option takes integers >= 1 separated by commas, like 1,2,4.")
 
 
+def has_chart(report: ServeReport) -> bool:
+    """Whether some level measured a throughput: what write_serve_chart draws."""
+    return any(level.throughput for level in report.levels)
+
+
 def write_serve_chart(report: ServeReport, path) -> None:
-    """PNG of tokens/s against concurrency: all requests (throughput) and per request, one line per server."""
+    """PNG of tokens/s against concurrency: all requests (throughput) and per request, one line per server (at
+    least one level must have measured a throughput: has_chart)."""
     from dspark_cli.runtime.bench.lineplot import Panel, Series, write_line_chart
 
     def series(measure: Callable[[Level], float | None]) -> list[Series]:
