@@ -27,7 +27,8 @@ def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs:
                           f"{scheduler!r}.")
     if costs is None:
         raise DsparkError("the concurrency option needs a cost table of the batch sizes it replays: give one with "
-                          "the costs option (an SGLang SPS table or a TensorRT-LLM cost table).")
+                          "the costs option (an SGLang SPS table, a TensorRT-LLM cost table, or a first local estimate from "
+                          "`dspark bench verify --batch 1,4,16 --json costs.json`).")
     if out is not None:
         raise DsparkError("the output option writes a plan for `dspark serve --from-plan`, which is for batch 1; "
                           "leave it out with the concurrency option and use the json option.")
