@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_tau_vs_eval.py [--steps 300] [--work build/tau_vs_eval]
 
 Trains a new draft for the shipped demo target with the `dspark train` command (1 layer reading target layers
-1, 3, 6, block 7, Markov rank 128, batch 8 x 256 tokens, 32 anchors, lr 2e-3, on the first 80 standard-library
+1, 3, 6, block 7, Markov rank 128, batch 8 (--batch-size) x 256 tokens, 32 anchors, lr 2e-3, on the first 80 standard-library
 sources), writing a checkpoint and measuring τ every steps/3 steps (`--tau-every`, 8 held-out prompts of 64 tokens,
 64 new tokens). At each of the three points it then runs:
 
@@ -52,6 +52,7 @@ def loop_tau(target: Path, draft: Path, prompts) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--work", type=Path, default=REPO / "build" / "tau_vs_eval")
     args = parser.parse_args()
     from dspark_cli.runtime.demo import DEMO_DIR
@@ -67,9 +68,9 @@ def main() -> None:
     log.unlink(missing_ok=True)
     data = [arg for f in files for arg in ("--data", f)]
     dspark("train", "--target", str(target), *data, "-o", str(out), "--force", "--layers", "1", "--block-size", "7",
-           "--target-layers", "1,3,6", "--markov-rank", "128", "--steps", str(args.steps), "--batch-size", "8",
-           "--seq-len", "256", "--anchors", "32", "--lr", "2e-3", "--save-every", str(every), "--tau-every",
-           str(every), "--tau-prompts", "8", "--log-jsonl", str(log), "--device", "cpu")
+           "--target-layers", "1,3,6", "--markov-rank", "128", "--steps", str(args.steps), "--batch-size",
+           str(args.batch_size), "--seq-len", "256", "--anchors", "32", "--lr", "2e-3", "--save-every", str(every),
+           "--tau-every", str(every), "--tau-prompts", "8", "--log-jsonl", str(log), "--device", "cpu")
     printed = {r["step"]: r["tau"] for r in map(json.loads, log.read_text().splitlines()) if r["tau"] is not None}
 
     tokenizer, _ = load_tokenizer_and_config(target)
