@@ -12,6 +12,9 @@ sources), writing a checkpoint and measuring τ every steps/3 steps (`--tau-ever
 - the real loop (`Pair.generate`) on the same prompt tokens without a stop token: what train's τ claims to be;
 - `dspark eval` on the demo's own code prompts (eval_code.jsonl), for reference (other prompts).
 
+With `--tau-data FILE` (e.g. the demo's eval_code.jsonl) train measures τ on that prompt set instead (`--tau-data`,
+as eval reads and encodes it, with its stop tokens) and each point is compared with `dspark eval --data FILE`.
+
 The checkpoint stores bf16 weights and train measures its fp32 ones, so small differences are expected.
 """
 
@@ -54,6 +57,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--work", type=Path, default=REPO / "build" / "tau_vs_eval")
+    parser.add_argument("--tau-data", type=Path, default=None, help="measure τ on this prompt set (eval's format)")
     args = parser.parse_args()
     from dspark_cli.runtime.demo import DEMO_DIR
     from dspark_cli.runtime.train.data import load_token_stream, stdlib_sources
@@ -70,8 +74,17 @@ def main() -> None:
     dspark("train", "--target", str(target), *data, "-o", str(out), "--force", "--layers", "1", "--block-size", "7",
            "--target-layers", "1,3,6", "--markov-rank", "128", "--steps", str(args.steps), "--batch-size",
            str(args.batch_size), "--seq-len", "256", "--anchors", "32", "--lr", "2e-3", "--save-every", str(every),
-           "--tau-every", str(every), "--tau-prompts", "8", "--log-jsonl", str(log), "--device", "cpu")
+           "--tau-every", str(every), "--log-jsonl", str(log), "--device", "cpu",
+           *(["--tau-data", str(args.tau_data)] if args.tau_data else ["--tau-prompts", "8"]))
     printed = {r["step"]: r["tau"] for r in map(json.loads, log.read_text().splitlines()) if r["tau"] is not None}
+    if args.tau_data:
+        print(f"demo target, new draft, {args.steps} steps; τ at T = 0 on {args.tau_data.name}, 64 new tokens")
+        print(f"{'step':>5} {'train τ':>8} {'eval τ':>7} {'train/eval':>10}")
+        for step in sorted(printed):
+            draft = out if step == args.steps else out / f"checkpoint-{step}"
+            measured = eval_tau(target, draft, args.tau_data, args.work / f"eval-{step}.json")
+            print(f"{step:>5} {printed[step]:>8.3f} {measured:>7.3f} {printed[step] / measured:>10.3f}")
+        return
 
     tokenizer, _ = load_tokenizer_and_config(target)
     _, prompts, _ = hold_out_prompts(load_token_stream([Path(f) for f in files], tokenizer, None), TauProbe(every=1))

@@ -68,7 +68,7 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     tokenizer, target = load_tokenizer_and_config(target_path)
     stream = load_token_stream(data, tokenizer, chat_template)
     stream, prompts, tau_note = hold_out_prompts(stream, tau)
-    if tau.every and tau.data is not None:
+    if tau.every and tau.data is not None:  # a prompt set instead, read and checked before anything loads
         prompts = [torch.tensor(ids, dtype=torch.long) for ids in eval_prompts(tau.data, tokenizer, str(target_path))]
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
