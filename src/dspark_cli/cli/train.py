@@ -98,6 +98,16 @@ def train(
     force: opts.force("Replace a non-empty output folder.") = False,
     log: Optional[Path] = typer.Option(None, "--log-jsonl", help="Append one JSON line per step (loss, its terms, τ, "
                                        "lr, tokens/s) to this file."),
+    tau_every: int = typer.Option(100, "--tau-every", min=0, help="Measure τ (greedy speculative loop, as generate "
+                                  "and eval measure it) every N steps and at the end, on prompts held out from the "
+                                  "end of the data (0: never; the data is then all trained on)."),
+    tau_prompts: int = typer.Option(8, "--tau-prompts", min=1, help="Prompts of 64 tokens held out from the end of "
+                                    "the data to measure τ on."),
+    tau_data: Optional[Path] = typer.Option(None, "--tau-data", help="Measure τ on this prompt set instead, read and "
+                                            "encoded as `dspark eval --data` does (with its stop tokens); the data is "
+                                            "then all trained on."),
+    tau_new_tokens: int = typer.Option(64, "--tau-new-tokens", min=1, help="New tokens per prompt when measuring τ "
+                                       "(eval's --max-new-tokens)."),
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
                                        help="Under torchrun: seconds a process waits for the others in a "
                                        "collective before the run fails."),
@@ -116,6 +126,7 @@ def train(
     from dspark_cli.runtime.io.outputs import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.train.verdict import engine_for_head
+    from dspark_cli.runtime.train.tau import TauProbe
 
     hf_logging.disable_progress_bar()
 
@@ -150,7 +161,8 @@ def train(
             check_log_file(log, out, target, data, resume, chat_template)
         existed = out.exists()
         try:
-            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
+            probe = TauProbe(every=tau_every, prompts=tau_prompts, new_tokens=tau_new_tokens, data=tau_data)
+            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe)
         except (KeyboardInterrupt, Terminated) as stop:
             if dist.is_main:  # rank 0 says what was kept; the others never write to `out`
                 stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
@@ -189,7 +201,7 @@ def _judge(final: Path, target: str, chosen, named: bool) -> None:
                           f"{chosen.name}` lists every finding).", EXIT_FINDINGS)
 
 
-def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist) -> Path:
+def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe) -> Path:
     import json
     from dataclasses import asdict
 
@@ -200,7 +212,7 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
-                                                chat_template=chat_template, force=force, dist=dist),
+                                                chat_template=chat_template, force=force, dist=dist, tau=probe),
                             "loading the target, the data and the draft")
     trainer = run.trainer
     dist.same_everywhere(distributed.run_fingerprint(trainer.stream.tokens, trainer.options,
@@ -213,11 +225,16 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
         task = progress.add_task("train", total=options.steps, completed=run.trainer.step)
         log_file = open_log_file(log) if log is not None and dist.is_main else None
 
+        measured = ["not measured yet"]
+
         def on_step(report) -> None:
             accept = " ".join(f"{a:.2f}" for a in report.accept)
+            if report.tau is not None:
+                measured[0] = f"{report.tau:.2f} (greedy, held-out prompts, step {report.step})"
+                render.console.print(Text(f"step {report.step}: τ {report.tau:.2f}", style="dim"))
             progress.stats = (f"loss {report.loss:.3f} (ce {report.ce:.2f}, l1 {report.l1:.3f}, conf "
-                              f"{report.confidence:.3f})  τ≈{report.tau:.2f}  {report.tokens_per_s:,.0f} tok/s\n"
-                              f"acceptance per position ≈ {accept}")
+                              f"{report.confidence:.3f})  {report.tokens_per_s:,.0f} tok/s  τ {measured[0]}\n"
+                              f"training anchors: 1 - TV per position {accept}")
             progress.update(task, completed=report.step)
             if log_file is not None:
                 log_file.write(json.dumps(asdict(report)) + "\n")
