@@ -15,7 +15,8 @@ from dspark_cli.runtime.train.trainer import train_loop
 from dspark_cli.runtime.model.draft_io import save_draft
 from dspark_cli.runtime.train.data import collect_files, load_token_stream, read_documents
 from dspark_cli.runtime.train.new_draft import DraftShape, choose_mask_token, default_target_layers
-from dspark_cli.runtime.train.loss import BlockBatch, build_blocks, loss_sums, normalise, target_forward
+from dspark_cli.runtime.train.features import TargetFeatures
+from dspark_cli.runtime.train.loss import BlockBatch, build_blocks, loss_sums, normalise
 from dspark_cli.runtime.train.run import prepare_run
 
 CODE = '''def add(a, b):
@@ -75,7 +76,7 @@ def test_data_reads_text_jsonl_and_chat(tmp_path, tiny_pair):
 
 def test_loss_terms_on_known_distributions():
     """One block of 3 slots: the draft equals the target at slots 0 and 2 and is disjoint from it at slot 1, so
-    L1 = [0, 2, 0], acceptance [1, 0, 1] and tau = 1 + 1 (the accepted prefix stops at slot 1)."""
+    L1 = [0, 2, 0], acceptance [1, 0, 1] and expected length 1 + 1 (the accepted prefix stops at slot 1)."""
     target_ids, draft_ids = [1, 2, 3], [1, 0, 3]
 
     def one_hot_logits(ids):  # [1, 1, 3, 4]: probability ~1 on each id
@@ -88,7 +89,7 @@ def test_loss_terms_on_known_distributions():
     options = TrainOptions(decay_gamma=0.0)  # equal weights
     terms = normalise(loss_sums(one_hot_logits(draft_ids), one_hot_logits(target_ids), None, blocks, options), options)
     assert terms.l1 == pytest.approx(2 / 3) and terms.ce == pytest.approx(0.0, abs=1e-4)
-    assert terms.accept == pytest.approx([1.0, 0.0, 1.0]) and terms.tau == pytest.approx(2.0)
+    assert terms.accept == pytest.approx([1.0, 0.0, 1.0]) and terms.expected_length == pytest.approx(2.0)
     assert terms.blocks == 1 and terms.value == pytest.approx(options.l1_alpha * 2 / 3, abs=1e-4)
 
 
@@ -159,18 +160,19 @@ def test_mask_token_is_added_when_the_vocabulary_is_full(tiny_pair):
 
 def _fixed_batch_loss(trainer, tokens, anchors) -> float:
     with torch.no_grad():
-        hidden, logits = target_forward(trainer.target, tokens)
-        return trainer.batch_loss(tokens, trainer.draft.target_features(hidden), logits, anchors).loss.item()
+        return trainer.batch_loss(tokens, trainer.target_features(tokens), anchors).loss.item()
 
 
 def test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_position(tmp_path, tiny_pair):
     """Slot j of the block anchored at a predicts the token at a + j + 1, which the target predicts from position
-    a + j. Hand-built target logits put all mass on token t at position t; a draft that puts slot j's mass on
-    token a + j then has L1 = 0 (and acceptance 1) everywhere, one that puts it on a + j + 1 has L1 = 2."""
+    a + j. A hand-built target head puts all mass on token t at position t (last hidden state e_t, lm_head row t
+    zero, the others -1e4); a draft that puts slot j's mass on token a + j then has L1 = 0 (and acceptance 1)
+    everywhere, one that puts it on a + j + 1 has L1 = 2."""
     run = prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "out", SHAPE, OPTIONS)
     trainer, T, V = run.trainer, 16, 32
     tokens = torch.arange(T)[None]  # [1, T]
-    target_logits = torch.full((1, T, V), -1e4).scatter(-1, torch.arange(T).view(1, T, 1), 0.0)
+    trainer.head.lm_head = torch.nn.Linear(T, V, bias=False)
+    trainer.head.lm_head.weight.data = torch.full((V, T), -1e4).fill_diagonal_(0.0)  # logits of e_t: 0 at t only
     anchors = torch.tensor([[0, 5, 9]])
     K = trainer.draft.config.block_size.value
 
@@ -180,12 +182,12 @@ def test_each_block_slot_is_compared_with_the_targets_distribution_at_its_own_po
             return torch.full((1, ids.shape[1], K, V), -1e4).scatter(-1, ids[..., None], 0.0), None
         return model
 
-    features = torch.zeros(1, T, 1)  # unused by the stand-in draft
+    features = TargetFeatures(torch.zeros(1, T, 1), torch.eye(T)[None])  # layers unused by the stand-in draft
     trainer.model = draft_putting_mass_at(0)
-    aligned = trainer.batch_loss(tokens, features, target_logits, anchors)
+    aligned = trainer.batch_loss(tokens, features, anchors)
     assert aligned.l1 == pytest.approx(0.0, abs=1e-4) and aligned.accept == pytest.approx([1.0] * K)
     trainer.model = draft_putting_mass_at(1)
-    assert trainer.batch_loss(tokens, features, target_logits, anchors).l1 == pytest.approx(2.0, abs=1e-4)
+    assert trainer.batch_loss(tokens, features, anchors).l1 == pytest.approx(2.0, abs=1e-4)
 
 
 def test_training_lowers_the_loss_and_writes_a_valid_checkpoint(tmp_path, tiny_pair):

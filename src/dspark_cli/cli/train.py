@@ -50,7 +50,12 @@ def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 @render.handle_errors
 def train(
     target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
-    data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
+    data: Optional[List[Path]] = typer.Option(None, "--data", help="Text, JSONL (text or chat messages) or a folder; "
+                                              "repeat (or --features)."),
+    features: Optional[Path] = typer.Option(None, "--features", help="Train from a feature cache written by dspark "
+                                            "features instead of --data (the target's decoder layers never load)."),
+    shard_target: bool = typer.Option(False, "--shard-target", help="Under torchrun: shard the frozen target's "
+                                      "decoder layers across the processes (FSDP2); the draft stays under DDP."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
     layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers (default: 1; on "
                                          "--resume: the checkpoint's)."),
@@ -98,6 +103,11 @@ def train(
     force: opts.force("Replace a non-empty output folder.") = False,
     log: Optional[Path] = typer.Option(None, "--log-jsonl", help="Append one JSON line per step (loss, its terms, τ, "
                                        "lr, tokens/s) to this file."),
+    tau_every: int = typer.Option(100, "--tau-every", min=0, help="Measure τ (greedy speculative loop, as generate "
+                                  "and eval measure it) every N steps and at the end, on prompts held out from the "
+                                  "end of the data (0: never; the data is then all trained on)."),
+    tau_prompts: int = typer.Option(8, "--tau-prompts", min=1, help="Held-out prompts (64 tokens each, 64 new "
+                                    "tokens) τ is measured on."),
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
                                        help="Under torchrun: seconds a process waits for the others in a "
                                        "collective before the run fails."),
@@ -116,6 +126,7 @@ def train(
     from dspark_cli.runtime.io.outputs import is_disk_error
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.train.verdict import engine_for_head
+    from dspark_cli.runtime.train.tau import TauProbe
 
     hf_logging.disable_progress_bar()
 
@@ -140,6 +151,14 @@ def train(
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     dist = distributed.context_from_env()
+    if (data is None) == (features is None):
+        raise DsparkError("give the training data with --data or a feature cache with --features (one of them).")
+    if shard_target and not dist.enabled:
+        raise DsparkError("--shard-target shards the target across the processes of a torchrun job, but this is one "
+                          "process; start it with torchrun (e.g. --nproc-per-node 2) or leave the option out.")
+    if shard_target and features is not None:
+        raise DsparkError("--shard-target and --features do not go together: training from features runs no target "
+                          "to shard; leave one out.")
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
                           f"processes ({dist.world_size}).")
@@ -147,10 +166,12 @@ def train(
         if backend is not None:
             render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
         if dist.is_main:
-            check_log_file(log, out, target, data, resume, chat_template)
+            check_log_file(log, out, target, data or [features], resume, chat_template)
         existed = out.exists()
         try:
-            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist)
+            probe = TauProbe(every=tau_every, prompts=tau_prompts)
+            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe,
+                         shard_target, features)
         except (KeyboardInterrupt, Terminated) as stop:
             if dist.is_main:  # rank 0 says what was kept; the others never write to `out`
                 stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
@@ -189,7 +210,8 @@ def _judge(final: Path, target: str, chosen, named: bool) -> None:
                           f"{chosen.name}` lists every finding).", EXIT_FINDINGS)
 
 
-def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist) -> Path:
+def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe, shard,
+         features) -> Path:
     import json
     from dataclasses import asdict
 
@@ -200,7 +222,8 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
-                                                chat_template=chat_template, force=force, dist=dist),
+                                                chat_template=chat_template, force=force, dist=dist, tau=probe,
+                                                shard=shard, features=features),
                             "loading the target, the data and the draft")
     trainer = run.trainer
     dist.same_everywhere(distributed.run_fingerprint(trainer.stream.tokens, trainer.options,
@@ -213,11 +236,16 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
         task = progress.add_task("train", total=options.steps, completed=run.trainer.step)
         log_file = open_log_file(log) if log is not None and dist.is_main else None
 
+        measured = ["not measured yet"]
+
         def on_step(report) -> None:
             accept = " ".join(f"{a:.2f}" for a in report.accept)
+            if report.tau is not None:
+                measured[0] = f"{report.tau:.2f} (greedy, held-out prompts, step {report.step})"
+                render.console.print(Text(f"step {report.step}: τ {report.tau:.2f}", style="dim"))
             progress.stats = (f"loss {report.loss:.3f} (ce {report.ce:.2f}, l1 {report.l1:.3f}, conf "
-                              f"{report.confidence:.3f})  τ≈{report.tau:.2f}  {report.tokens_per_s:,.0f} tok/s\n"
-                              f"acceptance per position ≈ {accept}")
+                              f"{report.confidence:.3f})  {report.tokens_per_s:,.0f} tok/s  τ {measured[0]}\n"
+                              f"training anchors: 1 - TV per position {accept}")
             progress.update(task, completed=report.step)
             if log_file is not None:
                 log_file.write(json.dumps(asdict(report)) + "\n")

@@ -30,7 +30,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.distributed import SINGLE, DistContext
 from dspark_cli.runtime.io.outputs import (atomic_write_text, check_writable_parent, default_file_mode,
                                            refuse_input_overlap)
-from dspark_cli.runtime.train.features import FeatureRecord, FeatureSpec, RECORD_KEYS, TargetFeatures
+from dspark_cli.runtime.train.features import RECORD_KEYS, FeatureRecord, FeatureSpec, TargetFeatures, stack_records
 
 FORMAT = "dspark-features"
 MANIFEST = "manifest.json"
@@ -357,9 +357,9 @@ class FeatureBank:
         self.picked = self.eligible[torch.randint(0, self.eligible.numel(), (batch_size,), generator=generator)]
         return torch.stack([self.cache.tokens(int(i))[:seq_len] for i in self.picked])
 
-    def features(self, rows: slice, device: torch.device) -> TargetFeatures:
-        """The target features of rows `rows` of the last sample, in float32 on `device`."""
+    def batch(self, rows: slice, device: torch.device) -> tuple[TargetFeatures, torch.Tensor]:
+        """The target features (float32, on `device`) and loss masks [b, T] of rows `rows` of the last sample."""
         records = [self.cache.record(int(i)) for i in self.picked[rows]]
-        layers = torch.stack([r.layers[:self.window] for r in records])  # [b, T, n*Ht]
-        last = torch.stack([r.last_hidden[:self.window] for r in records])  # [b, T, Ht]
-        return TargetFeatures(layers.to(device).float(), last.to(device).float())
+        tokens, loss_mask, features = stack_records(records, self.window)
+        return (TargetFeatures(features.layers.to(device).float(), features.last_hidden.to(device).float()),
+                loss_mask.to(device))

@@ -240,6 +240,7 @@ class TargetHead(nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    @torch.no_grad()
     def at(self, last_hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """The target's logits only at the positions `index` [B, A, K] of last_hidden [B, T, Ht], computed for the
         `valid` [B, A, K] slots alone (the lm_head sees one row per valid slot); 0 at the others. -> [B, A, K, V]"""

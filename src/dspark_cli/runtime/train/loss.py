@@ -12,7 +12,9 @@ The objective follows DeepSpec (`deepspec/modeling/dspark/{common,loss}.py`), re
   anchor, prev_j = the true token a+j;
 - loss = ce_alpha * CE(draft, true token) + l1_alpha * L1(draft probs, target probs) + confidence_alpha *
   BCE(confidence logit, 1 - L1/2), where L1 = sum |p - q| = 2 TV and the target distribution is the target's
-  own next-token softmax at a+j (T = 1). Each term is a mean weighted by exp(-j / gamma) over valid slots.
+  own next-token softmax at a+j (T = 1), its logits recomputed from the target's post-norm last hidden state
+  with its frozen lm_head at the valid slots only (features.TargetHead.at). Each term is a mean weighted by
+  exp(-j / gamma) over valid slots.
 """
 
 from __future__ import annotations
@@ -46,14 +48,18 @@ class BlockBatch:
     attn_mask: torch.Tensor  # [B, A*K, T + A*K] bool: True = may attend
 
 
-def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> BlockBatch:
-    """tokens [B, T], anchors [B, A] -> the draft's query blocks, labels and attention mask."""
+def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int,
+                 loss_mask: torch.Tensor | None = None) -> BlockBatch:
+    """tokens [B, T], anchors [B, A] -> the draft's query blocks, labels and attention mask. loss_mask [B, T] bool
+    (None: every token): a slot whose label token is masked is not valid (no loss term reads it)."""
     B, T = tokens.shape
     A, K = anchors.shape[1], block_size
     offsets = torch.arange(K, device=tokens.device)
     positions = anchors[..., None] + offsets  # [B, A, K]
     label_index = positions + 1
     valid = label_index < T
+    if loss_mask is not None:
+        valid &= loss_mask.gather(1, label_index.clamp(max=T - 1).flatten(1)).view(B, A, K)
     labels = tokens.gather(1, label_index.clamp(max=T - 1).flatten(1)).view(B, A, K) * valid
     anchor_ids = tokens.gather(1, anchors)  # [B, A]
     input_ids = torch.full((B, A, K), mask_token_id, dtype=tokens.dtype, device=tokens.device)
@@ -80,7 +86,7 @@ class LossTerms:
     l1: float
     confidence: float
     accept: list[float]
-    tau: float
+    expected_length: float  # 1 + sum_k prod_{j<=k} accept_j per block over the training anchors: NOT tau (tau.py)
     value: float  # the loss of the whole batch, over all processes
     blocks: int  # blocks in the whole batch
 
@@ -93,7 +99,7 @@ class LossSums:
     l1: torch.Tensor  # sum of w * L1 (with grad)
     confidence: torch.Tensor | None  # sum of w * BCE (with grad), None without a confidence head
     stats: torch.Tensor  # [4 + 2K + 2] float64, detached: sum w, the three sums above, per-position sums of
-    # accept * valid (K) and valid (K), the sum over blocks of tau - 1, the number of blocks
+    # accept * valid (K) and valid (K), the sum over blocks of expected_length - 1, the number of blocks
 
 
 def position_weights(valid: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -117,10 +123,10 @@ def loss_sums(draft_logits: torch.Tensor, target_logits: torch.Tensor, confidenc
         bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")
         confidence = (bce * weights).sum()
     valid = blocks.valid.float()
-    tau_sum = (accept * valid).cumprod(-1).sum(-1).sum()  # over blocks: accepted length - 1
+    length_sum = (accept * valid).cumprod(-1).sum(-1).sum()  # over blocks: accepted length - 1
     sums = [weights.sum(), ce, l1, confidence if confidence is not None else torch.zeros((), device=ce.device)]
     stats = torch.cat([torch.stack(sums).detach(), (accept * valid).sum((0, 1)), valid.sum((0, 1)),
-                       tau_sum[None], torch.tensor([float(valid.shape[0] * valid.shape[1])], device=ce.device)])
+                       length_sum[None], torch.tensor([float(valid.shape[0] * valid.shape[1])], device=ce.device)])
     return LossSums(ce, l1, confidence, stats.double())
 
 
@@ -144,14 +150,19 @@ def normalise(sums: LossSums, options: TrainOptions, stats: torch.Tensor | None 
 
 
 
-def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch):
-    """features [B, T, n*Ht] -> draft logits [B, A, K, V] (Markov-corrected, teacher-forced), confidence [B, A, K]."""
+def block_hidden(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch) -> torch.Tensor:
+    """features [B, T, n*Ht] -> the draft's final-norm hidden state of every block slot [B, A, K, H]."""
     B, T = features.shape[:2]
     A, K = blocks.labels.shape[1:]
     context = draft.project_context(features)  # [B, T, H]
     context_positions = torch.arange(T, device=features.device).expand(B, T)
     kv = draft.context_kv(context, context_positions)
-    hidden = draft.block_hidden(blocks.input_ids, blocks.positions, kv, blocks.attn_mask).view(B, A, K, -1)
+    return draft.block_hidden(blocks.input_ids, blocks.positions, kv, blocks.attn_mask).view(B, A, K, -1)
+
+
+def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch):
+    """features [B, T, n*Ht] -> draft logits [B, A, K, V] (Markov-corrected, teacher-forced), confidence [B, A, K]."""
+    hidden = block_hidden(draft, features, blocks)  # [B, A, K, H]
     logits = draft.base_logits(hidden)  # [B, A, K, Vd]
     embed = None
     if draft.config.markov_rank:
@@ -171,9 +182,3 @@ class DraftStep(torch.nn.Module):
     def forward(self, features: torch.Tensor, blocks: BlockBatch):
         return draft_forward(self.draft, features, blocks)
 
-
-@torch.no_grad()
-def target_forward(target, tokens: torch.Tensor):
-    """tokens [B, T] -> HF hidden states (L+1 x [B, T, Ht]) and target logits [B, T, V]."""
-    out = target(input_ids=tokens, output_hidden_states=True)
-    return out.hidden_states, out.logits

@@ -16,6 +16,9 @@ from dspark_cli.runtime.model.target import load_causal_lm
 from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.checkpoint.target_files import check_target_files, load_target_tokenizer
 from dspark_cli.runtime.train.options import TrainOptions
+from dspark_cli.runtime.train.features import TargetHead
+from dspark_cli.runtime.train.tau import TauProbe, held_out
+from dspark_cli.runtime.train.data import TokenStream
 from dspark_cli.runtime.train.trainer import DraftTrainer
 from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, train_shared_weights, trainable_parameters
 from dspark_cli.runtime.distributed import SINGLE, DistContext
@@ -44,7 +47,7 @@ def load_target_model(path: str | Path, device: torch.device):
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
-                force: bool = False, dist: DistContext = SINGLE, shard: bool = False,
+                force: bool = False, dist: DistContext = SINGLE, tau: TauProbe = TauProbe(), shard: bool = False,
                 features: Path | None = None) -> TrainingRun:
     """Load the target and data, create (or resume) the draft and its trainer; `out` is created here (by rank 0
     alone when many processes train: the others never touch it). `shard`: the target's decoder layers are sharded
@@ -53,7 +56,9 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     checked against this run, and only the target's embedding, final norm and lm_head are read (train/cached.py).
 
     Everything that can be checked without the weights (the output folder, the window, one step's memory, the
-    resume checkpoint) is checked before the target and the draft are allocated."""
+    resume checkpoint) is checked before the target and the draft are allocated. With `tau.every`, the tail of the
+    data (tau.held_tokens tokens) is held out of training as the prompts on which τ is measured (tau.py), when the
+    data holds at least ten times as much."""
     from dspark_cli.runtime.train.checks import plan_draft, read_resume_point
     from dspark_cli.runtime.train.trainer import restore_trainer
     from dspark_cli.runtime.train.data import load_token_stream
@@ -66,15 +71,21 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     tokenizer, target = load_tokenizer_and_config(target_path)
     if features is None:
         stream = load_token_stream(data, tokenizer, chat_template)
+        stream, prompts, tau_note = hold_out_prompts(stream, tau)
+        if shard and prompts is not None:  # rank 0 alone measures, and a sharded target runs on every rank or none
+            stream, prompts = TokenStream(torch.cat([stream.tokens, prompts.flatten()])), None
+            tau_note = "τ is not measured with a sharded target (it runs only when every process runs it)"
     else:
         from dspark_cli.runtime.train.cached import open_features
 
         stream, shape = open_features(features, shape)
+        prompts, tau_note = None, "τ is not measured: training from cached features runs no target"
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
     config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
     if features is None:
         target = load_target_model(target_path, torch_device)
+        TargetHead(target).check(target, stream.tokens[None, :16].to(torch_device), str(target_path))
     else:
         from dspark_cli.runtime.train.cached import check_features, load_head_target
 
@@ -95,8 +106,28 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     notes.append(f"target layers {draft.config.layer_ids}, {len(stream):,} training tokens, "
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)
+    if prompts is not None and dist.is_main:  # rank 0 alone reports, and so measures
+        trainer.held_out = held_out(target, prompts.to(torch_device), tau.new_tokens, draft.config.block_size.value,
+                                    draft.config.layer_ids)
+        trainer.tau_every = tau.every
+    notes.append(tau_note)
     if point is not None:
         restore_trainer(trainer, point)
     if dist.is_main:
         create_output(out, claim)
     return TrainingRun(trainer, out, notes)
+
+
+def hold_out_prompts(stream: TokenStream, tau: TauProbe) -> tuple[TokenStream, torch.Tensor | None, str]:
+    """Split the probe's prompts [S, P] off the end of the stream when τ is to be measured and the data holds ten
+    times their tokens. -> (the training stream, the prompts or None, a note saying which)."""
+    if not tau.every:
+        return stream, None, "τ is not measured (the tau-every option is 0)"
+    if len(stream) < 10 * tau.held_tokens:
+        return stream, None, (f"τ is not measured: the data ({len(stream):,} tokens) holds fewer than ten times the "
+                              f"{tau.held_tokens:,} tokens its held-out prompts need")
+    kept = len(stream) - tau.held_tokens
+    prompts = stream.tokens[kept:].view(tau.prompts, tau.prompt_tokens)
+    return TokenStream(stream.tokens[:kept]), prompts, (
+        f"τ measured every {tau.every} steps and at the end: greedy loop on {tau.prompts} prompts of "
+        f"{tau.prompt_tokens} tokens held out from the end of the data, {tau.new_tokens} new tokens each")

@@ -48,8 +48,8 @@ def shard_target(model: nn.Module, dist: DistContext) -> ShardReport:
 
     if not dist.enabled:
         raise DsparkError("the shard-target option shards the target across the processes of a torchrun job, but "
-                          "this is one process; start it with torchrun (e.g. --nproc-per-node 2) or leave the option "
-                          "out.")
+                          "this is one process; start it with torchrun over two or more processes or leave the "
+                          "option out.")
     layers = decoder_layers(model)
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.world_size,))

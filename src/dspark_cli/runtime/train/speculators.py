@@ -1,8 +1,8 @@
 """speculators' hidden-state files read as dspark's feature contract (`dspark features --from-speculators`).
 
 vLLM's `extract_hidden_states` speculative method, as the `vllm-project/speculators` data generation drives it
-(`scripts/launch_vllm.py`, `scripts/data_generation_offline.py`; vLLM's
-`kv_connector/v1/example_hidden_states_connector.py`; read in 2026-12 for these facts), writes one
+(its scripts `launch_vllm.py` and `data_generation_offline.py`, and `src/speculators/train/data.py`; vLLM's
+`vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py`; read in 2026-12), writes one
 `hs_<i>.safetensors` per sample with two tensors:
 
     hidden_states  [T, n + 1, Ht]  the aux layers' states, then the target's last state

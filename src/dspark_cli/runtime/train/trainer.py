@@ -3,7 +3,9 @@ trainer (one optimizer step on a batch, its checkpoints) and the loop.
 
 The options are in `options.py`, the objective (anchored blocks, loss) in `loss.py`, a new draft's construction in
 `new_draft.py`, a whole run's preparation in `run.py`. Target states are computed on the fly with the target frozen (no
-gradient); the draft shares frozen copies of the target's embedding and lm_head.
+gradient) as the feature contract of `features.py` (the chosen layers' outputs and the post-norm last hidden state,
+no logits); the target's distribution is recomputed with its frozen lm_head at the anchor blocks' slots only. The
+draft shares frozen copies of the target's embedding and lm_head.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from dspark_cli.runtime.model.draft_io import write_draft_files
 from dspark_cli.runtime.train.tiny_target import cosine_lr
 from dspark_cli.runtime.train.checks import ResumePoint
 from dspark_cli.runtime.train.data import SequenceBank, TokenStream
+from dspark_cli.runtime.train.feature_cache import FeatureBank
 from dspark_cli.runtime.distributed import SINGLE, DistContext
 from dspark_cli.runtime.train.new_draft import trainable_parameters
+from dspark_cli.runtime.train.tau import HeldOut, TauEstimate, chained_tau
 from dspark_cli.runtime.train.options import TRAINER_JSON, TRAINER_STATE, TrainOptions
+from dspark_cli.runtime.train.features import TargetFeatures, TargetHead, capture_target_features
 from dspark_cli.runtime.train.loss import (BlockBatch, DraftStep, LossSums, LossTerms, build_blocks, loss_sums,
-                                              normalise, sample_anchors, target_forward)
+                                              normalise, sample_anchors)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 
@@ -42,10 +47,11 @@ class StepReport:
     l1: float
     confidence: float
     accept: list[float]  # per block position: mean of 1 - TV(draft, target)
-    tau: float  # expected acceptance length per round at T = 1: 1 + sum_k prod_{j<=k} accept_j, per block
+    expected_length: float  # 1 + sum_k prod_{j<=k} accept_j over the training anchors: NOT the loop's tau
     lr: float
     tokens_per_s: float  # all processes together
     blocks: int  # anchored blocks trained in this step, all processes together (batch x anchors)
+    tau: float | None = None  # tau as generate / eval measure it (tau.py), at the steps where it is measured
 
 
 
@@ -60,11 +66,13 @@ class DraftTrainer:
 
     target: torch.nn.Module
     draft: DSparkDraft
-    stream: TokenStream | SequenceBank
+    stream: TokenStream | SequenceBank | FeatureBank
     options: TrainOptions
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     step: int = 0
     dist: DistContext = SINGLE  # many processes: each trains its rows of every batch (runtime/distributed.py)
+    held_out: HeldOut | None = None  # held-out prompts for measuring tau (tau.py); None: tau is not measured
+    tau_every: int = 0  # measure tau every so many steps and after the last (with held_out)
 
     def __post_init__(self) -> None:
         self.target.eval().requires_grad_(False)
@@ -72,6 +80,7 @@ class DraftTrainer:
         self.model: torch.nn.Module = DraftStep(self.draft)  # under DDP from the first run_step on
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.draft), lr=self.options.lr, betas=(0.9, 0.95),
                                            weight_decay=self.options.weight_decay)
+        self.head = TargetHead(self.target)  # the target's frozen lm_head (+ its logit transform)
         self.generator = torch.Generator().manual_seed(self.options.seed)
         self.seq_len = min(self.options.seq_len, self.stream.max_window)
         self.anchors = self.options.anchors_per_sequence(self.seq_len)
@@ -79,28 +88,35 @@ class DraftTrainer:
     def next_tokens(self) -> torch.Tensor:
         return self.stream.sample(self.options.batch_size, self.seq_len, self.generator)  # [B, T]
 
-    def batch_loss(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor,
-                   anchors: torch.Tensor) -> LossTerms:
-        """The distillation loss of tokens [B, T] with their target features / logits at anchors [B, A]."""
-        return normalise(self.batch_sums(tokens, features, target_logits, anchors), self.options)
+    def batch_loss(self, tokens: torch.Tensor, features: TargetFeatures, anchors: torch.Tensor,
+                   loss_mask: torch.Tensor | None = None) -> LossTerms:
+        """The distillation loss of tokens [B, T] with their target features at anchors [B, A]."""
+        return normalise(self.batch_sums(tokens, features, anchors, loss_mask), self.options)
 
-    def batch_sums(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor,
-                   anchors: torch.Tensor) -> LossSums:
-        """The weighted loss sums of tokens [B, T] with their target features / logits at anchors [B, A]."""
+    def batch_sums(self, tokens: torch.Tensor, features: TargetFeatures, anchors: torch.Tensor,
+                   loss_mask: torch.Tensor | None = None) -> LossSums:
+        """The weighted loss sums of tokens [B, T] with their target features at anchors [B, A] (loss_mask [B, T]
+        bool: the tokens that may be labels; None: all). The target's logits are computed at the valid slots of the
+        anchor blocks only, from last_hidden with the frozen lm_head."""
         blocks = build_blocks(tokens.cpu(), anchors.cpu(), self.draft.config.block_size.value,
-                              self.draft.config.mask_token_id)
+                              self.draft.config.mask_token_id, None if loss_mask is None else loss_mask.cpu())
         blocks = BlockBatch(**{k: v.to(self.device) for k, v in vars(blocks).items()})
-        B, A, K = blocks.labels.shape
-        index = blocks.target_index.view(B, A * K, 1).expand(-1, -1, target_logits.shape[-1])
-        aligned = target_logits.gather(1, index).view(B, A, K, -1)  # the target's distribution for each slot
         with self._autocast():
-            draft_logits, confidence = self.model(features, blocks)
-        return loss_sums(draft_logits, aligned, confidence, blocks, self.options)
+            target_logits = self.head.at(features.last_hidden, blocks.target_index, blocks.valid)  # [B, A, K, V]
+            draft_logits, confidence = self.model(features.layers.float(), blocks)
+        return loss_sums(draft_logits, target_logits, confidence, blocks, self.options)
 
-    def train_step(self, tokens: torch.Tensor, features: torch.Tensor, target_logits: torch.Tensor) -> LossTerms:
-        """One optimizer step on a batch whose target states are already computed (one process)."""
+    def train_step(self, tokens: torch.Tensor, features: TargetFeatures,
+                   loss_mask: torch.Tensor | None = None) -> LossTerms:
+        """One optimizer step on a batch whose target features are already computed (one process): the in-process
+        target's (train_lockstep) or a cache's."""
         anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)
-        return self.optimize(self.batch_sums(tokens, features, target_logits, anchors))
+        return self.optimize(self.batch_sums(tokens, features, anchors, loss_mask))
+
+    def target_features(self, tokens: torch.Tensor) -> TargetFeatures:
+        """The frozen target's features of tokens [B, T] for this draft's target layers (no logits computed)."""
+        with self._autocast():
+            return capture_target_features(self.target, tokens, self.draft.config.layer_ids)
 
     def run_step(self) -> LossTerms:
         """Draw the next global batch and its anchors (the same on every process), run the target and the draft
@@ -110,10 +126,10 @@ class DraftTrainer:
             anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)  # [B, A]
             rows = self.dist.rows(tokens.shape[0])
             tokens = tokens[rows].to(self.device)
-            with self._autocast():
-                hidden_states, logits = target_forward(self.target, tokens)
-            return self.batch_sums(tokens, self.draft.target_features(hidden_states).float(), logits.float(),
-                                   anchors[rows])
+            if isinstance(self.stream, FeatureBank):  # cached features (dspark features): the target never runs
+                features, loss_mask = self.stream.batch(rows, self.device)
+                return self.batch_sums(tokens, features, anchors[rows], loss_mask)
+            return self.batch_sums(tokens, self.target_features(tokens), anchors[rows])
 
         self.model = self.dist.wrap(self.model)  # a collective, so outside the part that may fail on one rank
         return self.optimize(self.dist.together(local, f"step {self.step + 1}"))
@@ -133,6 +149,15 @@ class DraftTrainer:
         self.optimizer.step()
         self.step += 1
         return terms
+
+    def measure_tau(self) -> TauEstimate:
+        """τ of the greedy speculative loop on the held-out prompts with the draft as it is now (tau.py)."""
+        with self._autocast():
+            return chained_tau(self.draft, self.held_out, self.head.vocab_size)
+
+    def tau_due(self) -> bool:
+        return self.held_out is not None and self.tau_every > 0 and (
+            self.step % self.tau_every == 0 or self.step == self.options.steps)
 
     def check_finite_weights(self) -> None:
         """Raise Diverged when an optimizer step left a non-finite trainable weight (checked before saving)."""
@@ -205,6 +230,7 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
     rank 0 alone when many processes train)."""
     options = trainer.options
     started, start_step = time.perf_counter(), trainer.step
+    measuring = 0.0  # seconds spent measuring tau, left out of the training rate
     tokens_per_step = options.batch_size * trainer.seq_len
     last_saved: Path | None = None
     try:
@@ -212,9 +238,15 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
             terms = trainer.run_step()
             main = trainer.dist.is_main  # many processes: only rank 0 reports and writes
             if on_step is not None and main:
-                rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started)
+                rate = (trainer.step - start_step) * tokens_per_step / (time.perf_counter() - started - measuring)
+                tau = None
+                if trainer.tau_due():
+                    began = time.perf_counter()
+                    tau = trainer.measure_tau().tau
+                    measuring += time.perf_counter() - began
                 on_step(StepReport(trainer.step, options.steps, terms.value, terms.ce, terms.l1, terms.confidence,
-                                   terms.accept, terms.tau, lr_at(trainer.step - 1, options), rate, terms.blocks))
+                                   terms.accept, terms.expected_length, lr_at(trainer.step - 1, options), rate,
+                                   terms.blocks, tau))
             if options.save_every and trainer.step % options.save_every == 0 and trainer.step < options.steps:
                 trainer.check_finite_weights()  # on every process: the weights are the same everywhere
                 if main:
@@ -230,17 +262,18 @@ def train_loop(trainer: DraftTrainer, out: Path, on_step: Callable[[StepReport],
 
 def train_lockstep(trainers: list[DraftTrainer], on_step: Callable[[int, list[LossTerms]], None] | None = None) -> None:
     """Train several drafts of one target on the same batches and anchors (same seed and options), running the
-    target once per step for all of them. Every trainer draws its own windows; they must agree."""
+    target once per step for all of them. Every trainer draws its own windows; they must agree, and so must the
+    target layers the drafts read."""
     first = trainers[0]
+    if any(t.draft.config.layer_ids != first.draft.config.layer_ids for t in trainers[1:]):
+        raise ValueError("lock-step trainers read different target layers; give their drafts the same target layers")
     while first.step < first.options.steps:
         batches = [trainer.next_tokens() for trainer in trainers]
         if any(not torch.equal(batches[0], batch) for batch in batches[1:]):
             raise ValueError("lock-step trainers drew different batches; give them the same seed and options")
         tokens = batches[0].to(first.device)
-        with first._autocast():
-            hidden_states, logits = target_forward(first.target, tokens)
-        terms = [trainer.train_step(tokens, trainer.draft.target_features(hidden_states).float(), logits.float())
-                 for trainer in trainers]
+        features = first.target_features(tokens)
+        terms = [trainer.train_step(tokens, features) for trainer in trainers]
         if on_step is not None:
             on_step(first.step, terms)
 
