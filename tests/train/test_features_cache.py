@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from safetensors.torch import save_file
 from test_train import tiny_pair  # noqa: F401 - the tiny target + data fixture
@@ -87,31 +88,35 @@ def test_resume_keeps_whole_shards_and_never_reads_a_partial_one(tiny_pair, tmp_
     out = tmp_path / "cache"
     job = _job(tiny_pair)
     feature_cache.start_cache_folder(out, job.spec, claim(job, out, force=False))
-    real_save = feature_cache.write_shard
+    real_save = safetensors.torch.save_file
     calls = []
 
-    def interrupted(path, first, records):
-        calls.append(path)
-        if len(calls) == 3:  # the third shard: part of its temporary file written, then Ctrl-C
-            path.with_name(f".{path.name}.999.tmp").write_bytes(b"partial")
+    def interrupted(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 3:  # the third shard: Ctrl-C halfway through writing its file
+            Path(filename).write_bytes(b"partial")
             raise KeyboardInterrupt
-        real_save(path, first, records)
+        real_save(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(feature_cache, "write_shard", interrupted)
+    monkeypatch.setattr(safetensors.torch, "save_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write(job, out)
     assert sorted(p.name for p in out.glob("shard-*")) == [shard_name(0), shard_name(1)]
+    assert not list(out.glob(".*.tmp"))  # the interrupted shard's temporary file is removed on the way out
+    stale = out / f".{shard_name(3)}.999.tmp"  # one a killed process (no cleanup) left for a later shard
+    stale.write_bytes(b"partial")
     with pytest.raises(DsparkError, match="manifest.json is missing"):
         FeatureCache.open(out)
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
 
-    monkeypatch.setattr(feature_cache, "write_shard", real_save)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     job = _job(tiny_pair)
     assert claim(job, out, force=False).resume
     progress = write(job, out)
     finish(job, out)
-    assert progress.kept == 2 and not list(out.glob(".*.tmp"))
+    assert progress.kept == 2
     assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept  # not rewritten
+    assert not stale.exists() and not list(out.glob(".*"))
     assert len(FeatureCache.open(out)) == job.records
 
 
