@@ -9,9 +9,10 @@ import struct
 from pathlib import Path
 
 import pytest
+import ranks
 import safetensors.torch
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from test_train import tiny_pair  # noqa: F401 - the tiny target + data fixture
 from typer.testing import CliRunner
 
@@ -237,3 +238,18 @@ def test_speculators_layer_ids_are_checked(tiny_pair, tmp_path, ids, message):  
               str(tmp_path / "hs" / "hs_0.safetensors"))
     with pytest.raises(DsparkError, match=message):
         plan_speculators(tiny_pair[0], tmp_path / "hs", ids, torch.float32, CPU)
+
+
+def test_two_processes_write_the_same_cache(tiny_pair, cache, tmp_path):  # noqa: F811
+    """Under torchrun each rank writes its own shards (i mod 2) into the same folder and rank 0 the manifest: the
+    records are the one-process cache's, tensor for tensor."""
+    out = tmp_path / "cache"
+    result = ranks.run(["-m", "dspark_cli", "features", "--target", str(tiny_pair[0]), "--data", str(tiny_pair[1]),
+                        "-o", str(out), *FEATURES, "--dist-timeout", "60"], 2, 180)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("bytes per token") == 1  # rank 0 alone reports
+    one, two = (json.loads((folder / "manifest.json").read_text()) for folder in (cache, out))
+    assert one["shards"] == two["shards"] and one["spec"]["layer_ids"] == two["spec"]["layer_ids"]
+    for shard in one["shards"]:
+        a, b = load_file(str(cache / shard["file"])), load_file(str(out / shard["file"]))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), shard["file"]
