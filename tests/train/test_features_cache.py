@@ -231,7 +231,7 @@ def test_speculators_files_read_as_the_contract(tiny_pair, tmp_path):  # noqa: F
 
 
 @pytest.mark.parametrize("ids, message", [((1, 2), "must end with the target's layer count 3"),
-                                          ((0, 2, 3), "holds 0, but an aux layer id must be in 1..2")])
+                                          ((1, 5, 3), "holds 5, but an aux layer id must be in 0..2")])
 def test_speculators_layer_ids_are_checked(tiny_pair, tmp_path, ids, message):  # noqa: F811
     (tmp_path / "hs").mkdir()
     save_file({"hidden_states": torch.zeros(4, 3, 32), "token_ids": torch.arange(4)},

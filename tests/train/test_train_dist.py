@@ -46,7 +46,7 @@ def _assert_same_trajectory(one: list[dict], many: list[dict], rtol: float) -> N
     assert [r["step"] for r in many] == [r["step"] for r in one]
     for a, b in zip(one, many):
         assert b["blocks"] == a["blocks"] == BLOCKS, (a["step"], b["blocks"])
-        for key in ("loss", "ce", "l1", "confidence", "tau"):
+        for key in ("loss", "ce", "l1", "confidence", "expected_length"):
             assert b[key] == pytest.approx(a[key], rel=rtol), (a["step"], key)
 
 

@@ -4,6 +4,8 @@
 - run.py          `prepare_run`: target, data and draft (new or resumed) checked and loaded for one run
 - trainer.py      `DraftTrainer` (one optimizer step, checkpoints), `train_loop`, `latest_checkpoint`
 - loss.py         the objective: anchors, query blocks, the teacher-forced draft forward, the loss sums
+- features.py     the feature contract (FeatureSpec, FeatureRecord, TargetFeatures), hook capture, TargetHead
+- tau.py          τ during training: the greedy loop's τ on held-out prompts (chained teacher-forced acceptance)
 - new_draft.py    a new draft for a target: `DraftShape`, mask token, config.json, shared weights
 - checks.py       checks before allocating (window, memory), resume points, `checkpoint_shape`
 - data.py         text / JSONL / chat data -> token stream;  output.py: the output folder, claimed up front

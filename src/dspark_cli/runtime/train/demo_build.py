@@ -133,7 +133,7 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
 
     def report(step: int, terms) -> None:
         for i, t in enumerate(terms):
-            estimates[i] = 0.9 * estimates[i] + 0.1 * t.tau if step > 1 else t.tau
+            estimates[i] = 0.9 * estimates[i] + 0.1 * t.expected_length if step > 1 else t.expected_length
         if step % 100 == 0:
             log(f"draft step {step}: DSpark loss {terms[0].loss.item():.3f} τ≈{estimates[0]:.2f}, "
                 f"DFlash loss {terms[1].loss.item():.3f} τ≈{estimates[1]:.2f}")

@@ -14,8 +14,8 @@ loss reads it (the anchor blocks' slots), instead of keeping [T, V] logits (for 
 3 layers + last in bf16: 32 KiB per token against 297 KiB of bf16 logits).
 
 Layer ids (dspark's convention, the one of DeepSpec's `target_layer_ids` and of config.json): layer id k is the raw
-OUTPUT of decoder layer k (0-based), the residual stream after it. That is Hugging Face `hidden_states[k + 1]`
-(`hidden_states[0]` is the embedding output) for every k but the last layer, whose HF entry is stored after the
+OUTPUT of decoder layer k (0-based), the residual stream after it, and -1 the embedding output. That is Hugging Face
+`hidden_states[k + 1]` (`hidden_states[0]` is the embedding output) for every k but the last layer, whose HF entry is stored after the
 final norm; the capture here always takes the raw output, as `TargetModel` does in generation. Beware the
 off-by-one of vLLM's / speculators' `aux_hidden_state_layer_ids` and llama.cpp's extract layers: they count the
 INPUT of layer k + 1, i.e. they hold k + 1 for dspark's k (`DraftConfig.hidden_state_indices` converts).
@@ -48,7 +48,7 @@ class FeatureSpec:
 
     target: str  # the target's hub id or folder, as given
     revision: str | None  # hub branch, tag or commit (None: a folder or the default branch)
-    layer_ids: tuple[int, ...]  # dspark's convention: output of decoder layer k (HF hidden_states[k + 1])
+    layer_ids: tuple[int, ...]  # dspark's convention: output of decoder layer k (HF hidden_states[k + 1]), -1 embedding
     hidden_size: int  # the target's width Ht
     vocab_size: int  # rows of the target's lm_head
     dtype: str  # storage dtype of layers / last_hidden: a key of DTYPES
@@ -96,7 +96,7 @@ class FeatureSpec:
             raise DsparkError(f"{where}: key 'dtype' is {fields['dtype']!r}, not one of {', '.join(DTYPES)}; rebuild "
                               "the features.")
         ids = fields["layer_ids"]
-        if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+        if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= -1 for i in ids)):
             raise DsparkError(f"{where}: key 'layer_ids' is {ids!r}, not a list of layer ids; rebuild the features.")
         for name in ("hidden_size", "vocab_size", "max_length"):
             if not (isinstance(fields[name], int) and fields[name] >= 1):
@@ -191,13 +191,14 @@ def decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
 @torch.no_grad()
 def capture_target_features(target: nn.Module, tokens: torch.Tensor, layer_ids: Sequence[int]) -> TargetFeatures:
     """Run the frozen target's decoder over tokens [B, T] and keep the raw outputs of the layers `layer_ids` (forward
-    hooks) and the decoder's final, post-norm hidden state; the lm_head is never run (no logits are computed).
+    hooks; -1: the embedding's output) and the decoder's final, post-norm hidden state; the lm_head is never run
+    (no logits are computed).
     -> TargetFeatures(layers [B, T, n*Ht], last_hidden [B, T, Ht]) in the target's dtype."""
     decoder, layers = decoder_layers(target)
-    bad = [k for k in layer_ids if not 0 <= k < len(layers)]
+    bad = [k for k in layer_ids if not -1 <= k < len(layers)]
     if bad:
         raise DsparkError(f"the target layer id {bad[0]} does not exist: the target has {len(layers)} layers "
-                          f"(ids 0..{len(layers) - 1}); choose other target layers.")
+                          f"(ids -1..{len(layers) - 1}, -1 being the embedding); choose other target layers.")
     captured: dict[int, torch.Tensor] = {}
 
     def keep(k: int):
@@ -205,7 +206,8 @@ def capture_target_features(target: nn.Module, tokens: torch.Tensor, layer_ids: 
             captured[k] = output[0] if isinstance(output, tuple) else output  # [B, T, Ht]
         return hook
 
-    handles = [layers[k].register_forward_hook(keep(k)) for k in sorted(set(layer_ids))]
+    modules = {k: decoder.get_input_embeddings() if k == -1 else layers[k] for k in set(layer_ids)}
+    handles = [module.register_forward_hook(keep(k)) for k, module in modules.items()]
     try:
         out = decoder(input_ids=tokens, use_cache=False)
     finally:

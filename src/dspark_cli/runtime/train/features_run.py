@@ -131,10 +131,11 @@ def finish(job: FeatureJob, out: Path) -> dict:
 
 
 def _check_layers(layer_ids: list[int], num_layers: int) -> None:
-    bad = [k for k in layer_ids if not 0 <= k < num_layers - 1]
+    bad = [k for k in layer_ids if not -1 <= k < num_layers - 1]
     if bad or not layer_ids:
         raise DsparkError(f"the target-layers option holds {bad[0] if bad else 'no id'}, but the target has "
-                          f"{num_layers} layers: give ids in 0..{num_layers - 2} (not its last layer).")
+                          f"{num_layers} layers: give ids in -1..{num_layers - 2} (-1 the embedding output; not its "
+                          "last layer).")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

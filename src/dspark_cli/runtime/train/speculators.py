@@ -10,8 +10,8 @@ vLLM's `extract_hidden_states` speculative method, as the `vllm-project/speculat
 
 The layer ids are vLLM's `eagle_aux_hidden_state_layer_ids`: id k is the INPUT of decoder layer k (the residual
 stream `hidden_states + residual` before layer k runs), i.e. the output of layer k - 1 in dspark's convention
-(train/features.py), and speculators appends id L (the layer count), which vLLM takes after the last layer and
-BEFORE the final norm. So here: dspark layer id = aux id - 1 for the first n, and the contract's post-norm
+(train/features.py; aux id 0, the embedding output, is dspark's -1), and speculators appends id L (the layer
+count), which vLLM takes after the last layer and BEFORE the final norm. So here: dspark layer id = aux id - 1 for the first n, and the contract's post-norm
 `last_hidden` = the target's final norm applied to the last slot. The files hold no loss mask (speculators keeps it
 in its preprocessed dataset): every token is a label, as in dspark's own data.
 """
@@ -48,11 +48,10 @@ class AuxLayers:
             raise DsparkError(f"the aux-layer-ids option {list(ids)} must end with the target's layer count {L}: "
                               "speculators appends it for the last state; give the ids of the extraction, e.g. "
                               f"2,{L // 2},{L - 3},{L}.")
-        bad = [k for k in ids[:-1] if not 1 <= k < L]
+        bad = [k for k in ids[:-1] if not 0 <= k < L]
         if bad:
-            raise DsparkError(f"the aux-layer-ids option holds {bad[0]}, but an aux layer id must be in 1..{L - 1} "
-                              "(id k is the input of layer k; id 0, the embedding output, is not a layer dspark "
-                              "reads).")
+            raise DsparkError(f"the aux-layer-ids option holds {bad[0]}, but an aux layer id must be in 0..{L - 1} "
+                              "before the last one (id k is the input of layer k, 0 the embedding output).")
 
 
 def hs_files(folder: Path) -> list[Path]:
