@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,45 @@ def test_two_processes_write_the_same_cache(tiny_pair, cache, tmp_path):  # noqa
     for shard in one["shards"]:
         a, b = load_file(str(cache / shard["file"])), load_file(str(out / shard["file"]))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), shard["file"]
+
+
+def test_memory_check_counts_no_decoder_layer_from_features(tiny_pair, cache, tmp_path, monkeypatch):  # noqa: F811
+    """The memory check before a run counts the target's decoder layers only when they load: with a device whose
+    free memory lies between the two estimates, training from features starts and online training is refused."""
+    from dspark_cli.runtime import devices
+    from dspark_cli.runtime.train.checks import plan_draft, run_memory_estimate
+    from dspark_cli.runtime.train.run import load_tokenizer_and_config
+
+    shape = replace(SHAPE, target_layers=(0, 1))
+    tokenizer, target = load_tokenizer_and_config(tiny_pair[0])
+    config, _ = plan_draft(target, tokenizer, shape, OPTIONS, 32, 1000, None, CPU)
+    whole = run_memory_estimate(target.text, config, shape, OPTIONS, 32, CPU).total
+    head = run_memory_estimate({**target.text, "num_hidden_layers": 0}, config, shape, OPTIONS, 32, CPU).total
+    assert head < whole
+    monkeypatch.setattr(devices, "available_memory", lambda device: (whole + head) // 2)
+    prepare_run(tiny_pair[0], [], tmp_path / "cached", shape, OPTIONS, device="cpu", features=cache)
+    with pytest.raises(DsparkError, match="one training step needs about"):
+        prepare_run(tiny_pair[0], [tiny_pair[1]], tmp_path / "online", shape, OPTIONS, device="cpu")
+
+
+def test_ctrl_c_says_which_shards_were_kept(tiny_pair, tmp_path, monkeypatch):  # noqa: F811
+    """Ctrl-C while the third of 6 shards is written: exit 130, and the message counts the whole shards kept and says how
+    to continue."""
+    real_save, calls = safetensors.torch.save_file, []
+
+    def interrupted(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real_save(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", interrupted)
+    out = tmp_path / "cache"
+    result = runner.invoke(app, ["features", "--target", str(tiny_pair[0]), "--data", str(tiny_pair[1]), "-o",
+                                 str(out), *FEATURES])
+    assert result.exit_code == 130, result.output
+    text = " ".join(result.output.split())
+    assert re.search(r"interrupted: 2 of 6 shards in \S+ are whole and kept; run the same command again to continue",
+                     text), text
+    assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors", "shard-00001.safetensors",
+                                                     "spec.json"]

@@ -61,9 +61,13 @@ def features(
     dist_timeout: float = typer.Option(600.0, "--dist-timeout", help="Under torchrun: seconds a process waits for the "
                                        "others before the run fails."),
 ) -> None:
+    from transformers.utils import logging as hf_logging
+
     from dspark_cli.runtime import distributed
     from dspark_cli.runtime.devices import resolve_dtype
     from dspark_cli.runtime.train import features_run
+
+    hf_logging.disable_progress_bar()
 
     if (data is None) == (from_speculators is None):
         raise DsparkError("give the corpus with --data or speculators' files with --from-speculators (one of them).")

@@ -235,7 +235,7 @@ def write_manifest(out: Path, spec: FeatureSpec, shards: list[range]) -> dict:
             raise DsparkError(f"{path} is missing or not whole after every process finished; run the same command "
                               "again to write it.")
         entry = {"file": path.name, "first": rows.start, "records": len(rows), "bytes": path.stat().st_size}
-        listed.append({**entry, "tokens": sum(_record_lengths(path, entry, spec))})
+        listed.append({**entry, "tokens": sum(_record_lengths(path, entry))})
     manifest = {"format": FORMAT, "spec": spec.to_dict(), "records": sum(s["records"] for s in listed),
                 "tokens": sum(s["tokens"] for s in listed), "bytes": sum(s["bytes"] for s in listed),
                 "bytes_per_token": disk_bytes_per_token(spec), "shards": listed}
@@ -286,7 +286,7 @@ class FeatureCache:
                 found = "missing" if size is None else f"{size:,} bytes"
                 raise DsparkError(f"{path} is {found} but {where} lists {shard.get('bytes')!r} bytes; the cache "
                                   f"was changed after it was written: {REBUILD}.")
-            shard_lengths = _record_lengths(path, shard, spec)
+            shard_lengths = _record_lengths(path, shard)
             files += [path] * len(shard_lengths)
             lengths += shard_lengths
         return cls(folder, spec, files, lengths)
@@ -310,7 +310,7 @@ class FeatureCache:
         return self._handles[path]
 
 
-def _record_lengths(path: Path, shard: dict, spec: FeatureSpec) -> list[int]:
+def _record_lengths(path: Path, shard: dict) -> list[int]:
     """Tokens per record of one shard, from its header; the records must be the ones the manifest lists."""
     from safetensors import SafetensorError, safe_open
 
@@ -337,10 +337,11 @@ class FeatureBank:
     eligible: torch.Tensor = field(init=False)  # [M] records long enough for a window
     picked: torch.Tensor | None = field(init=False, default=None)  # [B] the records of the last sample
     window: int = field(init=False, default=0)
+    tokens: torch.Tensor = field(init=False)  # every record's ids, concatenated (the runs' fingerprint reads them)
 
     def __post_init__(self) -> None:
         self.eligible = torch.arange(len(self.cache))
-        self.tokens = torch.cat([self.cache.tokens(i) for i in range(len(self.cache))])  # all ids, for the fingerprint
+        self.tokens = torch.cat([self.cache.tokens(i) for i in range(len(self.cache))])
 
     @property
     def max_window(self) -> int:

@@ -82,7 +82,8 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
         prompts, tau_note = None, "τ is not measured: training from cached features runs no target"
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
-    config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
+    resident = 0 if features is not None else -(-target.num_hidden_layers // dist.world_size) if shard else None
+    config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device, resident)
     if features is None:
         target = load_target_model(target_path, torch_device)
         TargetHead(target).check(target, stream.tokens[None, :16].to(torch_device), str(target_path))
