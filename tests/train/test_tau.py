@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from dspark_cli.runtime.demo import DEMO_DIR
+from dspark_cli.runtime.model.target import TargetModel
 from dspark_cli.runtime.train.data import TokenStream
 from dspark_cli.runtime.train.run import hold_out_prompts
-from dspark_cli.runtime.train.tau import TauProbe, chained_tau, held_out
+from dspark_cli.runtime.train.tau import TauProbe, chained_tau, eval_prompts, held_out
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +24,34 @@ def demo():
     return Pair.load(device="cpu", dtype="float32")
 
 
-def test_chained_tau_is_the_loops_tau_round_for_round(demo):
-    """Greedy, no stop token, M new tokens per prompt: the estimator's rounds are the loop's rounds."""
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_chained_tau_is_the_loops_tau_round_for_round(demo, with_stop):
+    """Greedy, M new tokens per prompt: the estimator's rounds are the loop's rounds, also with a stop token that
+    ends a prompt's generation early (accepted among the drafts or as the next token)."""
     text = Path(json_module.__file__).with_name("decoder.py").read_text()
     ids = torch.tensor(demo.encode(text, chat=False))
     P, M = 32, 40
-    prompts = torch.stack([ids[start:start + P] for start in (0, 300, 600, 900)])  # [4, P]
+    prompts = [ids[start:start + P] for start in (0, 300, 600, 900)]  # 4 x [P]
+    stops = ()
+    if with_stop:  # a token the target writes early after the first prompt, and more often elsewhere
+        stops = (demo.baseline(prompts[0].tolist(), max_new_tokens=12, stop_ids=()).tokens[-1],)
     draft = demo.draft
-    held = held_out(demo.target.model, prompts, M, demo.block_size, draft.config.layer_ids)
+    held = held_out(TargetModel(demo.target.model), prompts, M, demo.block_size, draft.config.layer_ids, stops)
     estimate = chained_tau(draft, held, demo.target.vocab_size)
-    rounds = [r for prompt in prompts for r in demo.generate(prompt.tolist(), max_new_tokens=M, stop_ids=()).stats.rounds]
+    results = [demo.generate(prompt.tolist(), max_new_tokens=M, stop_ids=stops) for prompt in prompts]
+    rounds = [r for result in results for r in result.stats.rounds]
+    assert any(result.finished_by_stop for result in results) == with_stop
     assert estimate.rounds == len(rounds)
     assert estimate.tau == pytest.approx(sum(r.emitted for r in rounds) / len(rounds), abs=1e-12)
     assert estimate.tau > 2.0  # a trained draft: the rounds are long, so the chaining is exercised
     K = demo.block_size
     assert estimate.accepted_at == pytest.approx([sum(r.accepted > j for r in rounds) / len(rounds) for j in range(K)])
+
+
+def test_a_prompt_set_is_encoded_as_eval_encodes_it(demo):
+    path = DEMO_DIR / "eval_code.jsonl"
+    texts = [json_module.loads(line)["turns"][0] for line in path.read_text().splitlines()]
+    assert eval_prompts(path, demo.tokenizer, str(DEMO_DIR / "target")) == [demo.encode(t) for t in texts]
 
 
 def test_the_prompts_are_held_out_of_the_training_stream():
@@ -63,7 +77,7 @@ def test_the_loop_measures_tau_every_n_steps_and_at_the_end(tmp_path):
     config, _ = new_draft_config(target.config.to_dict(), None, shape, options.anchors)
     stream = TokenStream(torch.randint(1, 63, (300,), generator=torch.Generator().manual_seed(0)))
     trainer = DraftTrainer(target, build_draft(config, target), stream, options, tau_every=2)
-    trainer.held_out = held_out(target, stream.tokens[:16].view(2, 8), 6, 3, [0, 1])
+    trainer.held_out = held_out(TargetModel(target), list(stream.tokens[:16].view(2, 8)), 6, 3, [0, 1])
     reports = []
     train_loop(trainer, tmp_path / "out", reports.append)
     assert [r.step for r in reports if r.tau is not None] == [2, 4, 5]

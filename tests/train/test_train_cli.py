@@ -148,6 +148,10 @@ BAD_VALUES = [
     (["--mask-token-id", "300"], ["--mask-token-id 300 is outside"]),
     (["--target-layers", "x"], ["--target-layers 'x'"]),
     (["--target-layers", "0,7"], ["--target-layers [0, 7]"]),
+    (["--tau-every", "-1"], ["--tau-every"]),
+    (["--tau-new-tokens", "0"], ["--tau-new-tokens"]),
+    (["--tau-data", "missing.jsonl"], ["missing.jsonl"]),
+    (["--tau-data", "prompts.csv"], ["prompts.csv: use a .jsonl file"]),
 ]
 
 
@@ -325,3 +329,26 @@ def test_auto_picks_an_engine_that_serves_the_head_and_a_named_engine_judges_the
     text = " ".join(named.output.split())
     assert "SGLang, the engine this draft was trained for, refuses" in text and "DSP703" in text
     assert (tmp_path / "named" / "model.safetensors").is_file()
+
+
+def test_train_prints_the_measured_tau_and_logs_it(pair, tmp_path):
+    """τ is measured at the --tau-every steps and at the end, printed, and logged (null at the other steps)."""
+    log = tmp_path / "log.jsonl"
+    result = train(pair, tmp_path / "out", "--tau-every", "3", "--tau-prompts", "1", "--log-jsonl", str(log))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "held out from the end of the data" in text and "step 3: τ" in text and "step 4: τ" in text
+    taus = [r["tau"] for r in map(json.loads, log.read_text().splitlines())]
+    assert taus[:2] == [None, None] and all(1.0 <= t <= 5.0 for t in taus[2:])
+
+
+def test_tau_on_a_prompt_set_as_eval_reads_it(pair, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in ("def add(a, b):", "class Counter:")))
+    log = tmp_path / "log.jsonl"
+    result = train(pair, tmp_path / "out", "--tau-data", str(prompts), "--tau-new-tokens", "16", "--log-jsonl",
+                   str(log))
+    assert result.exit_code == 0, result.output
+    assert f"greedy loop on the prompts of {prompts}" in " ".join(result.output.split())
+    taus = [r["tau"] for r in map(json.loads, log.read_text().splitlines())]
+    assert taus[:3] == [None] * 3 and 1.0 <= taus[3] <= 5.0  # measured at the end (default every 100 steps)

@@ -106,8 +106,13 @@ def train(
     tau_every: int = typer.Option(100, "--tau-every", min=0, help="Measure τ (greedy speculative loop, as generate "
                                   "and eval measure it) every N steps and at the end, on prompts held out from the "
                                   "end of the data (0: never; the data is then all trained on)."),
-    tau_prompts: int = typer.Option(8, "--tau-prompts", min=1, help="Held-out prompts (64 tokens each, 64 new "
-                                    "tokens) τ is measured on."),
+    tau_prompts: int = typer.Option(8, "--tau-prompts", min=1, help="Prompts of 64 tokens held out from the end of "
+                                    "the data to measure τ on."),
+    tau_data: Optional[Path] = typer.Option(None, "--tau-data", help="Measure τ on this prompt set instead, read and "
+                                            "encoded as `dspark eval --data` does (with its stop tokens); the data is "
+                                            "then all trained on."),
+    tau_new_tokens: int = typer.Option(64, "--tau-new-tokens", min=1, help="New tokens per prompt when measuring τ "
+                                       "(eval's --max-new-tokens)."),
     dist_timeout: float = typer.Option(600.0, "--dist-timeout",
                                        help="Under torchrun: seconds a process waits for the others in a "
                                        "collective before the run fails."),
@@ -169,7 +174,7 @@ def train(
             check_log_file(log, out, target, data or [features], resume, chat_template)
         existed = out.exists()
         try:
-            probe = TauProbe(every=tau_every, prompts=tau_prompts)
+            probe = TauProbe(every=tau_every, prompts=tau_prompts, new_tokens=tau_new_tokens, data=tau_data)
             final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe,
                          shard_target, features)
         except (KeyboardInterrupt, Terminated) as stop:

@@ -12,12 +12,13 @@ import torch
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.devices import resolve_device, resolve_dtype
-from dspark_cli.runtime.model.target import load_causal_lm
+from dspark_cli.runtime.model.target import TargetModel, load_causal_lm
+from dspark_cli.runtime.pair import stop_ids
 from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 from dspark_cli.runtime.checkpoint.target_files import check_target_files, load_target_tokenizer
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.features import TargetHead
-from dspark_cli.runtime.train.tau import TauProbe, held_out
+from dspark_cli.runtime.train.tau import TauProbe, eval_prompts, held_out
 from dspark_cli.runtime.train.data import TokenStream
 from dspark_cli.runtime.train.trainer import DraftTrainer
 from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, train_shared_weights, trainable_parameters
@@ -58,7 +59,8 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     Everything that can be checked without the weights (the output folder, the window, one step's memory, the
     resume checkpoint) is checked before the target and the draft are allocated. With `tau.every`, the tail of the
     data (tau.held_tokens tokens) is held out of training as the prompts on which τ is measured (tau.py), when the
-    data holds at least ten times as much."""
+    data holds at least ten times as much; with `tau.data`, the prompts of that prompt set, encoded as `dspark eval`
+    encodes them."""
     from dspark_cli.runtime.train.checks import plan_draft, read_resume_point
     from dspark_cli.runtime.train.trainer import restore_trainer
     from dspark_cli.runtime.train.data import load_token_stream
@@ -71,15 +73,19 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
     tokenizer, target = load_tokenizer_and_config(target_path)
     if features is None:
         stream = load_token_stream(data, tokenizer, chat_template)
-        stream, prompts, tau_note = hold_out_prompts(stream, tau)
-        if shard and prompts is not None:  # rank 0 alone measures, and a sharded target runs on every rank or none
-            stream, prompts = TokenStream(torch.cat([stream.tokens, prompts.flatten()])), None
-            tau_note = "τ is not measured with a sharded target (it runs only when every process runs it)"
     else:
         from dspark_cli.runtime.train.cached import open_features
 
         stream, shape = open_features(features, shape)
-        prompts, tau_note = None, "τ is not measured: training from cached features runs no target"
+    if features is not None or shard:  # rank 0 alone measures τ: it needs a whole target of its own
+        prompts, tau_note = None, ("τ is not measured: training from cached features runs no target"
+                                   if features is not None else "τ is not measured with a sharded target (it runs "
+                                   "only when every process runs it)")
+    else:
+        stream, prompts, tau_note = hold_out_prompts(stream, tau)
+        if tau.every and tau.data is not None:
+            prompts = [torch.tensor(ids, dtype=torch.long) for ids in eval_prompts(tau.data, tokenizer,
+                                                                                   str(target_path))]
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
     resident = 0 if features is not None else -(-target.num_hidden_layers // dist.world_size) if shard else None
@@ -108,8 +114,10 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
                  f"{sum(p.numel() for p in trainable_parameters(draft)):,} trainable parameters")
     trainer = DraftTrainer(target, draft, stream, options, torch_device, dist=dist)
     if prompts is not None and dist.is_main:  # rank 0 alone reports, and so measures
-        trainer.held_out = held_out(target, prompts.to(torch_device), tau.new_tokens, draft.config.block_size.value,
-                                    draft.config.layer_ids)
+        baseline = TargetModel(target)
+        stops = tuple(stop_ids(baseline, tokenizer)) if tau.data is not None else ()  # eval's; none for the tail
+        trainer.held_out = held_out(baseline, [p.to(torch_device) for p in prompts], tau.new_tokens,
+                                    draft.config.block_size.value, draft.config.layer_ids, stops)
         trainer.tau_every = tau.every
     notes.append(tau_note)
     if point is not None:
@@ -124,6 +132,10 @@ def hold_out_prompts(stream: TokenStream, tau: TauProbe) -> tuple[TokenStream, t
     times their tokens. -> (the training stream, the prompts or None, a note saying which)."""
     if not tau.every:
         return stream, None, "τ is not measured (the tau-every option is 0)"
+    if tau.data is not None:
+        return stream, None, (f"τ measured every {tau.every} steps and at the end: greedy loop on the prompts of "
+                              f"{tau.data} (as eval encodes them, with its stop tokens), {tau.new_tokens} new tokens "
+                              "each")
     if len(stream) < 10 * tau.held_tokens:
         return stream, None, (f"τ is not measured: the data ({len(stream):,} tokens) holds fewer than ten times the "
                               f"{tau.held_tokens:,} tokens its held-out prompts need")

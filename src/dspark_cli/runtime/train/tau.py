@@ -1,18 +1,25 @@
 """τ during training, as `dspark generate` and `dspark eval` measure it: committed tokens per round of the greedy
-speculative loop (T = 0, every drafted position scored, no stop token), on a few held-out prompts.
+speculative loop (T = 0, every drafted position scored), on a few prompts the draft is not trained on.
+
+The prompts: a held-out tail of the training data (no stop token, as many new tokens as asked), or a prompt set read
+and encoded as `dspark eval --data FILE` reads and encodes it by default (its chat template when the tokenizer has
+one, enable_thinking off, the pair's stop tokens).
 
 Once per run (`held_out`): each prompt is continued greedily by the target itself (the loop's baseline,
-`autoregressive_generate`), block_size tokens beyond the length measured, and the target's features of the whole
-sequence are captured. Lossless greedy decoding commits exactly these tokens, so every round of the loop is known
-in advance up to the draft: a round anchored at position p drafts d_1..d_K from the context before p, and accepts the
-longest prefix with d_i equal to the continuation's token at p + i. `chained_tau` computes, in one batched draft
-pass, the accepted length at every anchor, the Markov head fed its OWN previous pick (the walk of
-`decode/markov.py` with the pair's resolved strategy, as the loop runs it), then chains the rounds as the loop does:
-the first anchor is the first new token, each round commits accepted + 1 tokens and the next anchor follows them,
-until `new_tokens` are committed. τ = committed tokens / rounds, pooled over the prompts.
+`autoregressive_generate`, up to a stop token), block_size tokens beyond the length measured, and the target's
+features of the whole sequence are captured. Lossless greedy decoding commits exactly these tokens, so every round
+of the loop is known in advance up to the draft: a round anchored at position p drafts d_1..d_K from the context
+before p, and accepts the longest prefix with d_i equal to the continuation's token at p + i. `chained_tau` computes,
+in one batched draft pass, the accepted length at every anchor, the Markov head fed its OWN previous pick (the walk
+of `decode/markov.py` with the strategy the pair resolves, as the loop runs it), then chains the rounds as the
+loop's `commit` does: the first anchor is the first new token, each round commits accepted + 1 tokens (up to and
+including an accepted stop token, which ends generation; a stop token as the next token ends it too) and the next
+anchor follows them, until `new_tokens` are committed. τ = committed tokens / rounds, pooled over the prompts.
 
-It equals the real loop's τ on the same prompts up to float rounding between a batched and an incremental forward
-(a flipped near-tie; tests/train/test_tau.py checks equality on a tiny pair). The training-anchor figure of the loss
+It equals the real loop's τ on the same prompt tokens up to float rounding between a batched and an incremental
+forward (a flipped near-tie; tests/train/test_tau.py checks equality round for round on the shipped demo pair). At
+T = 0 feeding the Markov head the true previous token instead would give the same accepted lengths (a round ends at
+its first mismatch, and before it the draft's own pick is the true token). The training-anchor figure of the loss
 (`LossTerms.expected_length`, 1 + Σ Π (1 − TV) over uniformly drawn anchors at T = 1) is not τ: the loop's rounds
 start right after a rejection, more often at hard positions.
 """
@@ -20,9 +27,11 @@ start right after a rejection, more often at hard positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.sampling import SamplingParams
 from dspark_cli.runtime.decode.markov import markov_walk
 from dspark_cli.runtime.decode.speculative import Drafter, autoregressive_generate
@@ -37,47 +46,72 @@ GREEDY = SamplingParams(0.0)
 
 @dataclass(frozen=True)
 class TauProbe:
-    """How train measures τ: every `every` steps (0: never) on `prompts` held-out prompts of `prompt_tokens` tokens,
-    over `new_tokens` generated tokens each."""
+    """How train measures τ: every `every` steps (0: never) over `new_tokens` generated tokens per prompt, on
+    `prompts` prompts of `prompt_tokens` tokens held out from the end of the data, or on the prompt set `data`."""
 
     every: int = 0
     prompts: int = 8
     prompt_tokens: int = 64
     new_tokens: int = 64
+    data: Path | None = None  # a prompt set as `dspark eval` reads it (.jsonl / .txt)
 
     @property
     def held_tokens(self) -> int:
-        """Tokens of training data the probe holds out."""
-        return self.prompts * self.prompt_tokens
+        """Tokens of training data the probe holds out (none with a prompt set)."""
+        return 0 if self.data is not None else self.prompts * self.prompt_tokens
+
+
+@dataclass
+class HeldPrompt:
+    """One prompt with the target's greedy continuation and its features."""
+
+    tokens: torch.Tensor  # [P + G]: prompt, then the continuation (G <= new_tokens + K; shorter after a stop token)
+    layers: torch.Tensor  # [P + G, n*Ht] the target's features (features.capture_target_features)
+    prompt_tokens: int  # P
 
 
 @dataclass
 class HeldOut:
-    """Held-out prompts with the target's greedy continuations and its features."""
-
-    tokens: torch.Tensor  # [S, P + M + K]: prompt, then the target's greedy continuation
-    layers: torch.Tensor  # [S, P + M + K, n*Ht] the target's features (features.capture_target_features)
-    prompt_tokens: int  # P
-    new_tokens: int  # M: tokens committed per prompt, as max_new_tokens
+    prompts: list[HeldPrompt]
+    new_tokens: int  # M: tokens committed per prompt at most, as max_new_tokens
+    stop_ids: tuple[int, ...]  # tokens that end generation (none for the held-out tail of the data)
 
 
 @dataclass(frozen=True)
 class TauEstimate:
-    tau: float  # committed tokens per round, pooled over the prompts
+    tau: float | None  # committed tokens per round, pooled over the prompts (None: no round)
     rounds: int
     accepted_at: list[float]  # share of rounds accepting more than j drafts, j = 0..K-1
 
 
 @torch.no_grad()
-def held_out(target, prompts: torch.Tensor, new_tokens: int, block_size: int, layer_ids) -> HeldOut:
-    """prompts [S, P] -> their greedy continuations by the target (new_tokens + block_size tokens: the last round
-    may look block_size tokens past the end) and the target's features of the whole sequences."""
-    model = TargetModel(target)  # batch 1 with its cache, as the loop's baseline runs it
-    rows = [torch.cat([prompt.cpu(), torch.tensor(autoregressive_generate(
-        model, prompt, GREEDY, max_new_tokens=new_tokens + block_size).tokens)]) for prompt in prompts]
-    tokens = torch.stack(rows).to(prompts.device)  # [S, P + M + K]
-    layers = capture_target_features(target, tokens, layer_ids).layers
-    return HeldOut(tokens, layers, prompts.shape[1], new_tokens)
+def held_out(model: TargetModel, prompts: list[torch.Tensor], new_tokens: int, block_size: int, layer_ids,
+             stop_ids: tuple[int, ...] = ()) -> HeldOut:
+    """prompts (each [P_i]) -> their greedy continuations by the target (new_tokens + block_size tokens at most: the
+    last round may look block_size tokens past the end; up to a stop token) and the target's features. model: the
+    target as the loop's baseline runs it (batch 1 with its cache)."""
+    held = []
+    for prompt in prompts:
+        continuation = autoregressive_generate(model, prompt, GREEDY, max_new_tokens=new_tokens + block_size,
+                                               stop_ids=stop_ids).tokens
+        tokens = torch.cat([prompt, torch.tensor(continuation, device=prompt.device)])  # [P + G]
+        layers = capture_target_features(model.model, tokens[None], layer_ids).layers[0]  # [P + G, n*Ht]
+        held.append(HeldPrompt(tokens, layers, len(prompt)))
+    return HeldOut(held, new_tokens, tuple(stop_ids))
+
+
+def eval_prompts(path: Path, tokenizer, source: str) -> list[list[int]]:
+    """The prompts of a prompt set as `dspark eval --data` encodes them by default (chat template when the tokenizer
+    has one, enable_thinking off)."""
+    from dspark_cli.runtime.decode.chat import encode_prompt
+    from dspark_cli.runtime.measure.evaluation import read_prompt_set
+
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    encoded = [encode_prompt(tokenizer, text, chat, source, False) for text in read_prompt_set(path).prompts]
+    empty = next((i for i, ids in enumerate(encoded) if not ids), None)
+    if empty is not None:
+        raise DsparkError(f"prompt {empty + 1} of {path} encodes to no tokens; remove it.")
+    return encoded
 
 
 def pair_settings(draft: DSparkDraft, device: torch.device):
@@ -88,34 +122,41 @@ def pair_settings(draft: DSparkDraft, device: torch.device):
 @torch.no_grad()
 def chained_tau(draft: DSparkDraft, held: HeldOut, target_vocab: int) -> TauEstimate:
     """τ of the greedy loop on the held-out prompts (see the module docstring)."""
-    settings = pair_settings(draft, held.tokens.device)
+    settings = pair_settings(draft, draft.fc.weight.device)
     drafter = Drafter.of(draft, settings, target_vocab)
-    K, P, M = settings.block_size, held.prompt_tokens, held.new_tokens
-    emitted: list[int] = []
-    for tokens, layers in zip(held.tokens, held.layers):  # one prompt at a time: the attention mask is [M*K, T+M*K]
-        accepted = accepted_lengths(draft, drafter, tokens[None], layers[None], P, M, K)  # [M]
-        position = 0  # the anchor, counted from the first new token
-        committed = 1  # the first new token comes from the prefill
-        while committed < M:
-            length = int(accepted[position]) + 1
+    K, M, stops = settings.block_size, held.new_tokens, set(held.stop_ids)
+    emitted: list[int] = []  # per round: tokens committed
+    taken: list[int] = []  # per round: drafts accepted (an accepted stop token is the round's last)
+    for prompt in held.prompts:
+        new = prompt.tokens[prompt.prompt_tokens:].tolist()  # the continuation: new[q] is the anchor of round q
+        accepted = accepted_lengths(draft, drafter, prompt, min(M, len(new)), K).tolist()  # [anchors]
+        q, committed, stopped = 0, 1, new[0] in stops  # the first new token comes from the prefill
+        while not stopped and committed < M:
+            drafted = new[q + 1:q + 1 + accepted[q]]  # the accepted drafts are the continuation's tokens
+            stop_at = next((j for j, token in enumerate(drafted) if token in stops), None)
+            length = len(drafted) + 1 if stop_at is None else stop_at + 1
+            stopped = stop_at is not None or new[q + length] in stops
             emitted.append(length)
+            taken.append(len(drafted) if stop_at is None else length)
             committed += length
-            position += length
-    accepted_at = [sum(e > j + 1 for e in emitted) / len(emitted) for j in range(K)]
+            q += length
+    if not emitted:
+        return TauEstimate(None, 0, [0.0] * K)
+    accepted_at = [sum(a > j for a in taken) / len(taken) for j in range(K)]
     return TauEstimate(sum(emitted) / len(emitted), len(emitted), accepted_at)
 
 
-def accepted_lengths(draft: DSparkDraft, drafter: Drafter, tokens: torch.Tensor, layers: torch.Tensor, P: int, M: int,
-                     K: int) -> torch.Tensor:
-    """tokens [1, T], layers [1, T, n*Ht] -> drafts accepted at each anchor P..P+M-1, the walk fed its own picks. [M]"""
-    anchors = torch.arange(P, P + M, device=tokens.device)[None]  # [1, M]
+def accepted_lengths(draft: DSparkDraft, drafter: Drafter, prompt: HeldPrompt, count: int, K: int) -> torch.Tensor:
+    """Drafts accepted at the first `count` anchors after the prompt, the walk fed its own picks. -> [count]"""
+    P, tokens = prompt.prompt_tokens, prompt.tokens[None]  # [1, T]
+    anchors = torch.arange(P, P + count, device=tokens.device)[None]  # [1, count]
     blocks = build_blocks(tokens, anchors, K, draft.config.mask_token_id)
-    hidden = block_hidden(draft, layers.float(), blocks)[0]  # [M, K, H]
-    base = draft.base_logits(hidden)  # [M, K, Vd]
-    walk = markov_walk(drafter.strategy, drafter.weights, base, tokens[0, P:P + M], GREEDY, None, drafter.draft_topk,
-                       hidden=hidden)
-    drafted = walk.tokens  # [M, K]
+    hidden = block_hidden(draft, prompt.layers[None].float(), blocks)[0]  # [count, K, H]
+    base = draft.base_logits(hidden)  # [count, K, Vd]
+    walk = markov_walk(drafter.strategy, drafter.weights, base, tokens[0, P:P + count], GREEDY, None,
+                       drafter.draft_topk, hidden=hidden)
+    drafted = walk.tokens  # [count, K]
     if drafter.weights is None and drafter.draft_vocab_ids is not None:
         drafted = drafter.draft_vocab_ids[drafted]  # no Markov head: the walk returned draft ids
-    matches = drafted == blocks.labels[0]  # [M, K]: the continuation is the target's own greedy choice
-    return matches.long().cumprod(-1).sum(-1)  # [M]
+    matches = (drafted == blocks.labels[0]) & blocks.valid[0]  # [count, K]: the continuation is the target's choice
+    return matches.long().cumprod(-1).sum(-1)  # [count]
