@@ -33,9 +33,11 @@ def _global_options(
 
 
 def _register() -> None:
-    from dspark_cli.cli import bench, calibrate, convert, eval, generate, plan, quantize, regen, serve, train, validate
+    from dspark_cli.cli import (bench, calibrate, convert, eval, features, generate, plan, quantize, regen, serve,
+                                train, validate)
 
-    for module in (validate, quantize, convert, generate, eval, calibrate, plan, bench, regen, train, serve):
+    for module in (validate, quantize, convert, generate, eval, calibrate, plan, bench, regen, features, train,
+                   serve):
         module.register(app)
     typers = [app] + [group.typer_instance for group in app.registered_groups]
     for command in (command for typer_app in typers for command in typer_app.registered_commands):

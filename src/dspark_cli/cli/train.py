@@ -50,7 +50,12 @@ def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 @render.handle_errors
 def train(
     target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
-    data: List[Path] = typer.Option(..., "--data", help="Text, JSONL (text or chat messages) or a folder; repeat."),
+    data: Optional[List[Path]] = typer.Option(None, "--data", help="Text, JSONL (text or chat messages) or a folder; "
+                                              "repeat (or --features)."),
+    features: Optional[Path] = typer.Option(None, "--features", help="Train from a feature cache written by dspark "
+                                            "features instead of --data (the target's decoder layers never load)."),
+    shard_target: bool = typer.Option(False, "--shard-target", help="Under torchrun: shard the frozen target's "
+                                      "decoder layers across the processes (FSDP2); the draft stays under DDP."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for the draft and its checkpoints."),
     layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Draft decoder layers (default: 1; on "
                                          "--resume: the checkpoint's)."),
@@ -151,6 +156,14 @@ def train(
     options = TrainOptions(steps=steps, batch_size=batch_size, seq_len=seq_len, anchors=anchors, lr=lr, seed=seed,
                            save_every=save_every)
     dist = distributed.context_from_env()
+    if (data is None) == (features is None):
+        raise DsparkError("give the training data with --data or a feature cache with --features (one of them).")
+    if shard_target and not dist.enabled:
+        raise DsparkError("--shard-target shards the target across the processes of a torchrun job, but this is one "
+                          "process; start it with torchrun (e.g. --nproc-per-node 2) or leave the option out.")
+    if shard_target and features is not None:
+        raise DsparkError("--shard-target and --features do not go together: training from features runs no target "
+                          "to shard; leave one out.")
     if batch_size < dist.world_size:
         raise DsparkError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
                           f"processes ({dist.world_size}).")
@@ -158,11 +171,12 @@ def train(
         if backend is not None:
             render.console.print(f"training as {dist.world_size} processes (backend {backend}); rank 0 reports")
         if dist.is_main:
-            check_log_file(log, out, target, data, resume, chat_template)
+            check_log_file(log, out, target, data or [features], resume, chat_template)
         existed = out.exists()
         try:
             probe = TauProbe(every=tau_every, prompts=tau_prompts, new_tokens=tau_new_tokens, data=tau_data)
-            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe)
+            final = _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe,
+                         shard_target, features)
         except (KeyboardInterrupt, Terminated) as stop:
             if dist.is_main:  # rank 0 says what was kept; the others never write to `out`
                 stop.kept = _kept_after_interrupt(out, existed)  # render.handle_errors prints it
@@ -201,7 +215,8 @@ def _judge(final: Path, target: str, chosen, named: bool) -> None:
                           f"{chosen.name}` lists every finding).", EXIT_FINDINGS)
 
 
-def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe) -> Path:
+def _run(target, data, out, shape, options, device, resume, chat_template, force, log, dist, probe, shard,
+         features) -> Path:
     import json
     from dataclasses import asdict
 
@@ -212,7 +227,8 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
 
     with render.console.status("loading the target and the data"):
         run = dist.together(lambda: prepare_run(target, data, out, shape, options, device=device, resume=resume,
-                                                chat_template=chat_template, force=force, dist=dist, tau=probe),
+                                                chat_template=chat_template, force=force, dist=dist, tau=probe,
+                                                shard=shard, features=features),
                             "loading the target, the data and the draft")
     trainer = run.trainer
     dist.same_everywhere(distributed.run_fingerprint(trainer.stream.tokens, trainer.options,

@@ -10,5 +10,9 @@
 - checks.py       checks before allocating (window, memory), resume points, `checkpoint_shape`
 - data.py         text / JSONL / chat data -> token stream;  output.py: the output folder, claimed up front
 - tiny_target.py  next-token training of a tiny target;  demo_build.py: the deterministic demo-pair builder
+- feature_cache.py `dspark features`' cache on disk: shards, manifest, `FeatureCache`, `FeatureBank` (train --features)
+- features_run.py  one `dspark features` run;  speculators.py: speculators' hs_<i>.safetensors as records
+- head_weights.py  the target's embedding / final norm / lm_head alone;  cached.py: train --features' checks
+- shard_target.py  the frozen target sharded across torchrun's processes (FSDP2, train --shard-target)
 Many processes under torchrun: `dspark_cli.runtime.distributed`.
 """

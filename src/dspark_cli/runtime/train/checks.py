@@ -262,31 +262,35 @@ def checkpoint_shape(folder: Path):
 # --- the plan of a run -----------------------------------------------------------------------------------------
 
 def plan_draft(target: TargetConfig, tokenizer, shape: DraftShape, options: TrainOptions, seq_len: int,
-               data_tokens: int, point: ResumePoint | None, device: torch.device) -> tuple[dict, list[str]]:
+               data_tokens: int, point: ResumePoint | None, device: torch.device,
+               resident_layers: int | None = None) -> tuple[dict, list[str]]:
     """The draft's config (new, or the checkpoint's after checking it against this run) and what was decided,
-    once the run is known to fit (checked on the geometry alone, before any list of layers is built)."""
+    once the run is known to fit (checked on the geometry alone, before any list of layers is built).
+    resident_layers: the target's decoder layers one process holds (None: all; fewer when sharded, 0 from features)."""
     from dspark_cli.runtime.train.new_draft import choose_mask_token, draft_config_dict, draft_target_layers
 
     anchors = options.anchors_per_sequence(seq_len)
     if point is not None:
         check_resume_shape(point, shape, target, options.steps)
-        check_before_allocating(target, point.config, shape, options, seq_len, data_tokens, device)
+        check_before_allocating(target, point.config, shape, options, seq_len, data_tokens, device, resident_layers)
         return point.config, [f"resuming {point.folder} at step {point.step} (draft geometry from its config.json)"]
     layers = draft_target_layers(target, shape)
     mask = choose_mask_token(tokenizer, target.vocab_size, shape.mask_token_id)
     one_layer = draft_config_dict(target.raw, replace(shape, layers=1), layers, mask, anchors)
     geometry = {**one_layer, "num_hidden_layers": shape.layers}  # no layer_types list of a huge layer count
-    check_before_allocating(target, geometry, shape, options, seq_len, data_tokens, device)
+    check_before_allocating(target, geometry, shape, options, seq_len, data_tokens, device, resident_layers)
     return draft_config_dict(target.raw, shape, layers, mask, anchors), [mask.note]
 
 
 def check_before_allocating(target: TargetConfig, config: dict, shape: DraftShape, options: TrainOptions,
-                            seq_len: int, data_tokens: int, device: torch.device) -> None:
+                            seq_len: int, data_tokens: int, device: torch.device,
+                            resident_layers: int | None = None) -> None:
     """The window and one step's memory; config: the draft's config.json as a dict (layer_types not needed)."""
     from dspark_cli.runtime.devices import available_memory
 
     check_window(options.seq_len, seq_len, data_tokens, config["block_size"], target.max_position_embeddings)
-    estimate = run_memory_estimate(target.text, config, shape, options, seq_len, device)
+    text = target.text if resident_layers is None else {**target.text, "num_hidden_layers": resident_layers}
+    estimate = run_memory_estimate(text, config, shape, options, seq_len, device)
     check_memory(estimate, available_memory(device), device)
 
 

@@ -48,9 +48,13 @@ def load_target_model(path: str | Path, device: torch.device):
 
 def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: DraftShape, options: TrainOptions, *,
                 device: str = "auto", resume: Path | None = None, chat_template: Path | None = None,
-                force: bool = False, dist: DistContext = SINGLE, tau: TauProbe = TauProbe()) -> TrainingRun:
+                force: bool = False, dist: DistContext = SINGLE, tau: TauProbe = TauProbe(), shard: bool = False,
+                features: Path | None = None) -> TrainingRun:
     """Load the target and data, create (or resume) the draft and its trainer; `out` is created here (by rank 0
-    alone when many processes train: the others never touch it).
+    alone when many processes train: the others never touch it). `shard`: the target's decoder layers are sharded
+    across the processes (FSDP2, train/shard_target.py) once the draft has copied what it shares with the target.
+    `features`: a feature cache (`dspark features`) replaces the data and the target's forward: its manifest is
+    checked against this run, and only the target's embedding, final norm and lm_head are read (train/cached.py).
 
     Everything that can be checked without the weights (the output folder, the window, one step's memory, the
     resume checkpoint) is checked before the target and the draft are allocated. With `tau.every`, the tail of the
@@ -64,20 +68,43 @@ def prepare_run(target_path: str | Path, data: list[Path], out: Path, shape: Dra
 
     torch_device = dist.device(resolve_device(device))
     out = Path(out)
-    claim = check_output(out, target_path, data, resume, chat_template, force) if dist.is_main else None
+    inputs = data if features is None else [Path(features)]
+    claim = check_output(out, target_path, inputs, resume, chat_template, force) if dist.is_main else None
     tokenizer, target = load_tokenizer_and_config(target_path)
-    stream = load_token_stream(data, tokenizer, chat_template)
-    stream, prompts, tau_note = hold_out_prompts(stream, tau)
-    if tau.every and tau.data is not None:  # a prompt set instead, read and checked before anything loads
-        prompts = [torch.tensor(ids, dtype=torch.long) for ids in eval_prompts(tau.data, tokenizer, str(target_path))]
+    if features is None:
+        stream = load_token_stream(data, tokenizer, chat_template)
+    else:
+        from dspark_cli.runtime.train.cached import open_features
+
+        stream, shape = open_features(features, shape)
+    if features is not None or shard:  # rank 0 alone measures τ: it needs a whole target of its own
+        prompts, tau_note = None, ("τ is not measured: training from cached features runs no target"
+                                   if features is not None else "τ is not measured with a sharded target (it runs "
+                                   "only when every process runs it)")
+    else:
+        stream, prompts, tau_note = hold_out_prompts(stream, tau)
+        if tau.every and tau.data is not None:
+            prompts = [torch.tensor(ids, dtype=torch.long) for ids in eval_prompts(tau.data, tokenizer,
+                                                                                   str(target_path))]
     seq_len = min(options.seq_len, stream.max_window)
     point = read_resume_point(resume) if resume is not None else None
-    config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device)
-    target = load_target_model(target_path, torch_device)
-    TargetHead(target).check(target, stream.tokens[None, :16].to(torch_device), str(target_path))
+    resident = 0 if features is not None else -(-target.num_hidden_layers // dist.world_size) if shard else None
+    config, notes = plan_draft(target, tokenizer, shape, options, seq_len, len(stream), point, torch_device, resident)
+    if features is None:
+        target = load_target_model(target_path, torch_device)
+        TargetHead(target).check(target, stream.tokens[None, :16].to(torch_device), str(target_path))
+    else:
+        from dspark_cli.runtime.train.cached import check_features, load_head_target
+
+        check_features(stream.cache, config, target, tokenizer, chat_template, torch_device)
+        target = load_head_target(target_path, torch_device)
     torch.manual_seed(options.seed)
     draft = build_draft(config, target)
     train_shared_weights(draft, shape)
+    if shard:
+        from dspark_cli.runtime.train.shard_target import shard_target
+
+        notes.append(shard_target(target, dist).note(dist.world_size))
     if point is not None:
         saved = {name.removeprefix("draft.") for name in point.tensors if name.startswith("draft.")}
         if saved != {name for name, p in draft.named_parameters() if p.requires_grad}:

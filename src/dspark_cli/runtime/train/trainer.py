@@ -26,6 +26,7 @@ from dspark_cli.runtime.model.draft_io import write_draft_files
 from dspark_cli.runtime.train.tiny_target import cosine_lr
 from dspark_cli.runtime.train.checks import ResumePoint
 from dspark_cli.runtime.train.data import SequenceBank, TokenStream
+from dspark_cli.runtime.train.feature_cache import FeatureBank
 from dspark_cli.runtime.distributed import SINGLE, DistContext
 from dspark_cli.runtime.train.new_draft import trainable_parameters
 from dspark_cli.runtime.train.tau import HeldOut, TauEstimate, chained_tau
@@ -65,7 +66,7 @@ class DraftTrainer:
 
     target: torch.nn.Module
     draft: DSparkDraft
-    stream: TokenStream | SequenceBank
+    stream: TokenStream | SequenceBank | FeatureBank
     options: TrainOptions
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     step: int = 0
@@ -125,6 +126,9 @@ class DraftTrainer:
             anchors = sample_anchors(tokens.shape[0], tokens.shape[1], self.anchors, self.generator)  # [B, A]
             rows = self.dist.rows(tokens.shape[0])
             tokens = tokens[rows].to(self.device)
+            if isinstance(self.stream, FeatureBank):  # cached features (dspark features): the target never runs
+                features, loss_mask = self.stream.batch(rows, self.device)
+                return self.batch_sums(tokens, features, anchors[rows], loss_mask)
             return self.batch_sums(tokens, self.target_features(tokens), anchors[rows])
 
         self.model = self.dist.wrap(self.model)  # a collective, so outside the part that may fail on one rank
