@@ -90,7 +90,8 @@ def _old_full_logits_step(trainer: DraftTrainer):
     blocks = build_blocks(tokens, anchors, trainer.draft.config.block_size.value, trainer.draft.config.mask_token_id)
     B, A, K = blocks.labels.shape
     aligned = out.logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, out.logits.shape[-1]))
-    draft_logits, confidence = trainer.model(trainer.draft.target_features(out.hidden_states), blocks)
+    features = torch.cat([out.hidden_states[i] for i in trainer.draft.config.hidden_state_indices], -1)
+    draft_logits, confidence = trainer.model(features, blocks)  # the old path: HF hidden states, full logits
     return trainer.optimize(loss_sums(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, trainer.options))
 
 

@@ -73,10 +73,6 @@ class DSparkDraft(nn.Module):
 
     # --- forward pieces ---------------------------------------------------------------------------------------
 
-    def target_features(self, hidden_states) -> torch.Tensor:
-        """HF output_hidden_states (L+1 x [B, T, Ht]) -> [B, T, n*Ht]: outputs of the draft's target layers."""
-        return torch.cat([hidden_states[i] for i in self.config.hidden_state_indices], dim=-1)
-
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[B, T, n*Ht] -> [B, T, H]"""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))

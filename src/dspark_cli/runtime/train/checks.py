@@ -96,8 +96,11 @@ def estimate_memory(target: dict, draft: dict, *, batch_size: int, seq_len: int,
                     + (confidence if draft.get("enable_confidence_head") else 0))
     queries = anchors * draft["block_size"]
     keys = seq_len + queries
-    target_states = batch_size * seq_len * (vocab * (weight_bytes + 4) + (depth + 1) * width * weight_bytes
-                                            + features * 4)
+    # The target's forward keeps no logits and no per-layer outputs: the captured layers and the post-norm last
+    # state (float32 for the draft), one decoder layer's activations at a time (residual, attention and MLP
+    # inputs), and its distribution at the anchor-block slots only (logits and softmax, float32).
+    target_states = (batch_size * seq_len * ((features + width) * 4 + 4 * width * weight_bytes)
+                     + batch_size * queries * vocab * 4 * 2)
     logits = batch_size * queries * draft_vocab * 4 * LOGIT_COPIES
     scores = layers * batch_size * draft["num_attention_heads"] * queries * keys * 4 * 2  # scores and softmax
     attention = scores + batch_size * queries * keys  # + the boolean mask
