@@ -6,7 +6,8 @@ Works on a temporary copy of src/ and tests/ (the checkout is never edited). Pri
 (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
-heads (B1-B3), and the bugs a later audit found the suite let pass (H1-H13).
+heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
+contract's, regen's and bench serve's (N1-N9).
 """
 
 from __future__ import annotations
@@ -224,6 +225,36 @@ MUTATIONS = [
     m("H13", "validate does not report repeated target layer ids (DSP018)", "checkpoint/rules/config_rules.py",
       [("if any(b <= a for a, b in zip(values, values[1:])):", "if any(b < a for a, b in zip(values, values[1:])):")],
       "test_validate_rules.py::test_rule_triggers"),
+    # the engines, the training feature contract, regen and bench serve (N1-N10)
+    m("N1", "vLLM's verdict on a Gemma-4 draft drops its notes (the confidence head counted as served)",
+      "engines/vllm.py", [("plan=plan_serve, rules=rules,", "plan=plan_serve,")],
+      "test_engines.py::test_each_engine_verdict"),
+    m("N2", "train copies a Gemma-4 target's attention_k_eq_v false (vLLM refuses the draft, DSP041)",
+      "checkpoint/families/gemma4.py", [("        attention_k_eq_v=True,\n", "")], "test_train_families.py"),
+    m("N3", "serve --engine trtllm writes an STS path alone into the YAML", "engines/trtllm.py",
+      [("    if request.calibration is not None:\n        raise DsparkError(\"TensorRT-LLM",
+        "    if False:\n        raise DsparkError(\"TensorRT-LLM")],
+      "test_engines.py::test_trtllm_takes_no_sts_file_from_dspark"),
+    m("N4", "features captured from hidden_states[id] (the layer before) instead of [id + 1]", "train/features.py",
+      [("decoder.get_input_embeddings() if k == -1 else layers[k] for k",
+        "decoder.get_input_embeddings() if k <= 0 else layers[k - 1] for k")], "test_features.py"),
+    m("N5", "the target's distribution computed at every block slot, not only the valid ones", "train/features.py",
+      [("logits = self(rows.view(B, A, K, -1)[valid])  # [n_valid, V]\n        out = logits.new_zeros(B, A, K, "
+        "logits.shape[-1])\n        out[valid] = logits\n        return out",
+        "return self(rows.view(B, A, K, -1)) * valid[..., None]")],
+      "test_features.py::test_the_lm_head_sees_only_the_valid_anchor_block_slots"),
+    m("N6", "train's τ counts every matching slot, not the chained prefix", "train/tau.py",
+      [("return matches.long().cumprod(-1).sum(-1)", "return matches.long().sum(-1)")], "test_tau.py"),
+    m("N7", "speculators files read without the target's final norm", "train/speculators.py",
+      [("last = norm(hidden[:, -1].to(device=weight.device, dtype=weight.dtype))",
+        "last = hidden[:, -1].to(device=weight.device, dtype=weight.dtype)")],
+      "test_features_cache.py::test_speculators_files_read_as_the_contract"),
+    m("N8", "regen stores the llama.cpp reply's ids re-tokenized from its text", "regen/client.py",
+      [("token_ids=_ids(_field(done, \"tokens\", list, \"/completion\"), \"/completion\"),",
+        "token_ids=_ids(_field(server.post(\"/tokenize\", {\"content\": done[\"content\"]}), \"tokens\", list, "
+        "\"/tokenize\"), \"/tokenize\"),")], "test_regen.py"),
+    m("N9", "bench serve ignores llama.cpp's draft_n_accepted", "bench/engine_metrics.py",
+      [("timings.get(\"draft_n_accepted\", 0)", "0")], "test_engine_metrics.py"),
 ]
 
 
