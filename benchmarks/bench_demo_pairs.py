@@ -3,6 +3,7 @@ transformers' prompt lookup decoding, greedy, on one CPU thread, on prompts from
 
     .venv/bin/python benchmarks/bench_demo_pairs.py                          # ~5 min on one idle CPU thread
     .venv/bin/python benchmarks/bench_demo_pairs.py --prompts 4 --new-tokens 64   # a quick look
+    .venv/bin/python benchmarks/bench_demo_pairs.py --markdown build/demo-hybrid/speed.md   # also for the card
 
 Pairs: "demo" (a Qwen3 target, attention only) and "demo-hybrid" (a Qwen3.5-style target, 3 Gated DeltaNet
 layers to 1 attention layer), both from src/dspark_cli/runtime/assets/, same tokenizer. Prompts: --prompts windows
@@ -16,7 +17,9 @@ clock around the call (prefill included), all in one run:
     transformers refuses assisted generation on stateful targets such as the hybrid's; the table says so.
 Then, for the speculative decoder, τ and the mean milliseconds per round of each step (GenerationStats.sections:
 draft, Markov, verify = score + accept, rollback = snapshot + restore + replay, other). Every output is compared
-with dspark's plain decoding and a mismatch is printed loudly.
+with dspark's plain decoding and a mismatch is printed loudly. --markdown PATH also writes the tables to PATH, where
+`scripts/build_demo.py --pair demo-hybrid --card-only` puts them in the hybrid pair's model card (build/demo-hybrid/
+speed.md is where it looks).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch  # noqa: E402
 
 from dspark_cli.errors import DsparkError  # noqa: E402
 from dspark_cli.runtime.demo import DEMO_PAIRS, demo_pair  # noqa: E402
+from dspark_cli.runtime.io.outputs import atomic_write_text  # noqa: E402
 from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 from dspark_cli.runtime.train.data import TokenStream, split_held_out, stdlib_sources, tokenize_stream  # noqa: E402
@@ -141,28 +145,30 @@ def tokens_per_s(t: Timed) -> str:
     return f"{t.tokens_per_s:.0f}" if t.seconds else "n/a"
 
 
-def report(rows: list[dict], args) -> None:
-    print(f"\ngreedy, 1 torch thread, {args.prompts} held-out prompts of {args.prompt_tokens} tokens x "
-          f"{args.new_tokens} new tokens; tokens/s by the wall clock, prefill included\n")
-    print("| pair | target | τ | dspark plain tok/s | speculative tok/s | speculative / plain | transformers plain "
-          "tok/s | prompt lookup tok/s | prompt lookup / transformers plain | speculative / prompt lookup |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+def report(rows: list[dict], args) -> str:
+    """The run's figures as Markdown: the decoders' tokens/s and ratios, then the speculative rounds' breakdown."""
+    lines = [f"Greedy, 1 torch thread, {args.prompts} held-out prompts of {args.prompt_tokens} tokens x "
+             f"{args.new_tokens} new tokens; tokens/s by the wall clock, prefill included.", "",
+             "| pair | target | τ | dspark plain tok/s | speculative tok/s | speculative / plain | transformers plain "
+             "tok/s | prompt lookup tok/s | prompt lookup / transformers plain | speculative / prompt lookup |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['name']} | {r['target']}, {r['layers']} layers | {r['tau']:.2f} | {tokens_per_s(r['plain'])} | "
-              f"{tokens_per_s(r['spec'])} | {ratio(r['spec'], r['plain'])} | {tokens_per_s(r['hf_plain'])} | "
-              f"{tokens_per_s(r['pld'])} | {ratio(r['pld'], r['hf_plain'])} | {ratio(r['spec'], r['pld'])} |")
+        lines.append(f"| {r['name']} | {r['target']}, {r['layers']} layers | {r['tau']:.2f} | "
+                     f"{tokens_per_s(r['plain'])} | {tokens_per_s(r['spec'])} | {ratio(r['spec'], r['plain'])} | "
+                     f"{tokens_per_s(r['hf_plain'])} | {tokens_per_s(r['pld'])} | {ratio(r['pld'], r['hf_plain'])} | "
+                     f"{ratio(r['spec'], r['pld'])} |")
     for r in rows:
         if r["pld"].refused:
-            print(f"\n{r['name']}: prompt lookup decoding refused by transformers: {r['pld'].refused}.")
-    print("\nspeculative rounds, mean ms per round (share of the round)\n")
-    print("| pair | rounds | draft | Markov | verify | rollback | other | total |")
-    print("|---|---|---|---|---|---|---|---|")
+            lines += ["", f"{r['name']}: prompt lookup decoding refused by transformers ({r['pld'].refused})."]
+    lines += ["", "Speculative rounds, mean ms per round (share of the round):", "",
+              "| pair | rounds | draft | Markov | verify | rollback | other | total |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r["breakdown"]
         cells = [(b.draft_backbone_ms, b.draft_backbone_share), (b.markov_ms, b.markov_share),
                  (b.verify_ms, b.verify_share), (b.rollback_ms, b.rollback_share), (b.other_ms, b.other_share)]
         shown = " | ".join(f"{ms:.2f} ({share or 0:.0%})" for ms, share in cells)
-        print(f"| {r['name']} (block {r['block']}) | {r['rounds']} | {shown} | {b.total_ms:.2f} |")
+        lines.append(f"| {r['name']} (block {r['block']}) | {r['rounds']} | {shown} | {b.total_ms:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -172,11 +178,19 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens of transformers")
     parser.add_argument("--pairs", nargs="+", default=list(DEMO_PAIRS), choices=list(DEMO_PAIRS))
+    parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    started = time.perf_counter()
     rows = [row for name in args.pairs if (row := bench_pair(name, args)) is not None]
-    if rows:
-        report(rows, args)
+    if not rows:
+        return
+    text = report(rows, args)
+    print(f"\n{text}\n(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"{time.perf_counter() - started:.0f} s)")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.markdown, text)
 
 
 if __name__ == "__main__":

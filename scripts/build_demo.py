@@ -4,6 +4,7 @@
     python scripts/build_demo.py --pair demo-hybrid    # the hybrid pair: assets/demo-hybrid/ (needs assets/demo/)
     python scripts/build_demo.py --out /tmp/demo --work /tmp/demo-work
     python scripts/build_demo.py --card-only           # re-render MODEL_CARD.md from build/demo/build_report.json
+    python scripts/build_demo.py --pair demo-hybrid --card-only   # ... with build/demo-hybrid/speed.md's figures
 
 Trains a byte-level BPE tokenizer (the hybrid pair reuses the attention pair's), a small target (a Qwen3, or a
 Qwen3.5-style Gated DeltaNet / attention hybrid), a DSpark draft and a DFlash draft (same budget) on the running
@@ -64,7 +65,7 @@ def main() -> None:
             print(f"error: cannot re-render the model card from {args.work / 'build_report.json'}: {error}",
                   file=sys.stderr)
             sys.exit(2)
-        (args.out / "MODEL_CARD.md").write_text(model_card(report, recipe, command))
+        (args.out / "MODEL_CARD.md").write_text(model_card(report, recipe, command, speed_tables(args.work)))
         print(f"{args.out / 'MODEL_CARD.md'} rewritten from {args.work / 'build_report.json'}")
         return
 
@@ -79,13 +80,19 @@ def main() -> None:
         sys.exit(2)
     report = build_demo(staging, args.work, recipe, tokenizer_dir=tokenizer,
                         log=lambda line: print(f"[{time.perf_counter() - started:6.0f}s] {line}", flush=True))
-    (staging / "MODEL_CARD.md").write_text(model_card(report, recipe, command))
+    (staging / "MODEL_CARD.md").write_text(model_card(report, recipe, command, speed_tables(args.work)))
     (args.work / "build_report.json").write_text(report_json(report))
     for path in [staging, *staging.rglob("*")]:  # plain readable files and folders for packaging
         path.chmod(0o755 if path.is_dir() else 0o644)
     publish(staging, args.out)
     print(f"{args.pair} pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, all stages "
           f"{sum(report.seconds.values()) / 60:.1f} min")
+
+
+def speed_tables(work: Path) -> str:
+    """WORK/speed.md, the tables `benchmarks/bench_demo_pairs.py --markdown` wrote for the card ("" if absent)."""
+    path = work / "speed.md"
+    return path.read_text() if path.is_file() else ""
 
 
 def publish(staging: Path, out: Path) -> None:

@@ -147,19 +147,7 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
     if target_seconds is not None:
         seconds["target"] = target_seconds  # the cached stage: report the time it took when it was built
 
-    drafts_key = {"target": json.loads(json.dumps(key)), **_drafts_key(recipe)}
-    stage_file = work / DRAFTS_STAGE_FILE
-    stage = json.loads(stage_file.read_text()) if stage_file.is_file() else {}
-    if stage.get("key") == json.loads(json.dumps(drafts_key)):
-        log(f"reusing the drafts built earlier in {work} (same recipe)")
-        estimates = stage["train_tau_estimates"]
-        seconds.update(stage["seconds"])  # the cached stages: report the time they took when they were built
-        clock = time.perf_counter()
-    else:
-        estimates = _train_drafts(target, tokenizer, train_stream, recipe, work, log, lap)
-        stage = {"key": drafts_key, "train_tau_estimates": estimates,
-                 "seconds": {k: v for k, v in seconds.items() if k in ("self-distillation data", "drafts")}}
-        stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    estimates = _drafts_stage(work, recipe, key, (target, tokenizer, train_stream), seconds, log, lap)
     draft_dir, dflash_dir = out / "draft", work / "dflash_draft"
     draft_dir.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
@@ -177,6 +165,25 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
              for name in ("target", "draft")}
     return DemoReport(recipe=_recipe_dict(recipe), corpus=corpus, target_val_loss=round(val_loss, 4),
                       seconds=seconds, drafts=results, sizes_bytes=sizes)
+
+
+def _drafts_stage(work: Path, recipe: DemoRecipe, target_key: dict, inputs: tuple, seconds: dict[str, float],
+                  log: Log, lap: Callable[[str], None]) -> list[float]:
+    """Train the drafts into work/dspark_draft and work/dflash_draft, or reuse them when work/DRAFTS_STAGE_FILE
+    says they were built for this target by this same draft recipe. inputs: (target, tokenizer, train_stream).
+    -> their training estimates of τ; `seconds` gets the stages' times (the cached build's when reused)."""
+    key = json.loads(json.dumps({"target": target_key, **_drafts_key(recipe)}))
+    stage_file = work / DRAFTS_STAGE_FILE
+    stage = json.loads(stage_file.read_text()) if stage_file.is_file() else {}
+    if stage.get("key") == key:
+        log(f"reusing the drafts built earlier in {work} (same recipe)")
+        seconds.update(stage["seconds"])
+        return stage["train_tau_estimates"]
+    estimates = _train_drafts(*inputs, recipe, work, log, lap)
+    stage = {"key": key, "train_tau_estimates": estimates,
+             "seconds": {k: v for k, v in seconds.items() if k in ("self-distillation data", "drafts")}}
+    stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    return estimates
 
 
 def _train_drafts(target, tokenizer, train_stream: TokenStream, recipe: DemoRecipe, folder: Path, log: Log,
@@ -352,8 +359,10 @@ def report_from_json(text: str, recipe: DemoRecipe) -> DemoReport:
     return DemoReport(**{**doc, "drafts": [DraftResult(**d) for d in doc["drafts"]]})
 
 
-def model_card(report: DemoReport, recipe: DemoRecipe, build_command: str = "python scripts/build_demo.py") -> str:
-    """MODEL_CARD.md for the shipped pair: how it was built (`build_command`) and what it measures."""
+def model_card(report: DemoReport, recipe: DemoRecipe, build_command: str = "python scripts/build_demo.py",
+               speed: str = "") -> str:
+    """MODEL_CARD.md for the shipped pair: how it was built (`build_command`) and what it measures; `speed`: the
+    Markdown tables of benchmarks/bench_demo_pairs.py, shown in the hybrid pair's card (empty: not measured)."""
     t, d, o = recipe.target, recipe.draft, recipe.draft_options
     dspark, dflash = report.drafts
     corpus = report.corpus
@@ -370,7 +379,7 @@ def model_card(report: DemoReport, recipe: DemoRecipe, build_command: str = "pyt
     else:
         data = "the target's training stream (raw text)."
     mb = {k: v / 1e6 for k, v in report.sizes_bytes.items()}
-    words = _card_words(recipe)
+    words = _card_words(recipe, speed)
     target_row = (f"{words['target']}, {t.num_attention_heads}/"
                   f"{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab "
                   f"{t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, "
@@ -436,7 +445,7 @@ weak. Real targets write less repetitive text, so expect other figures there.
 {words['speed']}"""
 
 
-def _card_words(recipe: DemoRecipe) -> dict[str, str]:
+def _card_words(recipe: DemoRecipe, speed: str) -> dict[str, str]:
     """What the attention pair's and the hybrid pair's model cards say differently."""
     t = recipe.target
     words = {"title": "demo pair", "family": "Qwen3", "intro": "",
@@ -459,7 +468,7 @@ def _card_words(recipe: DemoRecipe) -> dict[str, str]:
                            f"{recipe.vocab_size}, trained on the same training files), reused as is."),
              "speed": ("\n## Speed\n\nSpeculative against plain decoding and transformers' prompt lookup decoding on "
                        "held-out prompts, on this pair\nand on the attention pair: `python benchmarks/bench_demo_pairs.py`"
-                       "; figures in docs/stateful.md.\n")}
+                       " (docs/stateful.md).\n" + (f"\n{speed}" if speed else "\nNot measured for this card.\n"))}
 
 
 def _hybrid_status(tau: float) -> str:
