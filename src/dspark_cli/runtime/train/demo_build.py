@@ -379,7 +379,7 @@ def model_card(report: DemoReport, recipe: DemoRecipe, build_command: str = "pyt
     else:
         data = "the target's training stream (raw text)."
     mb = {k: v / 1e6 for k, v in report.sizes_bytes.items()}
-    words = _card_words(recipe, speed)
+    words = _card_words(recipe, speed, sum(mb.values()))
     target_row = (f"{words['target']}, {t.num_attention_heads}/"
                   f"{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab "
                   f"{t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, "
@@ -403,7 +403,7 @@ count). Minutes per stage with {report.recipe['threads']} torch thread(s) on a {
 |---|---|---|
 | `target/` | {target_row} | {mb['target']:.1f} MB |
 | `draft/` | {draft_row} | {mb['draft']:.1f} MB |
-
+{words['wheel']}
 ## How it was built
 
 - **Corpus**: {corpus['train_files']} standard-library `.py` files (no tests, IDLE or site-packages), sorted by
@@ -445,13 +445,13 @@ weak. Real targets write less repetitive text, so expect other figures there.
 {words['speed']}"""
 
 
-def _card_words(recipe: DemoRecipe, speed: str) -> dict[str, str]:
+def _card_words(recipe: DemoRecipe, speed: str, megabytes: float) -> dict[str, str]:
     """What the attention pair's and the hybrid pair's model cards say differently."""
     t = recipe.target
     words = {"title": "demo pair", "family": "Qwen3", "intro": "",
              "target": f"Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers",
              "tokenizer": f"byte-level BPE, vocabulary {recipe.vocab_size}, trained on the training files only.",
-             "speed": ""}
+             "speed": "", "wheel": ""}
     if not recipe.hybrid:
         return words
     linear = t.layer_types.count("linear_attention")
@@ -464,6 +464,8 @@ def _card_words(recipe: DemoRecipe, speed: str) -> dict[str, str]:
                         f"layers of {t.linear_num_key_heads}/{t.linear_num_value_heads} key/value heads of "
                         f"{t.linear_key_head_dim} (conv {t.linear_conv_kernel_dim}), "
                         f"{t.num_hidden_layers - linear} gated attention layer(s)"),
+             "wheel": (f"\nThe pair adds {megabytes:.1f} MB (uncompressed) to the package: pyproject.toml's package "
+                       "data,\n`runtime/assets/**/*`, ships it beside the attention pair.\n"),
              "tokenizer": ("the attention demo pair's (byte-level BPE, vocabulary "
                            f"{recipe.vocab_size}, trained on the same training files), reused as is."),
              "speed": ("\n## Speed\n\nSpeculative against plain decoding and transformers' prompt lookup decoding on "
