@@ -105,8 +105,12 @@ def test_a_hybrid_build_reuses_the_attention_tokenizer_and_resumes_from_its_stag
     assert any(line.startswith("reusing the target") for line in lines)
     assert any(line.startswith("reusing the drafts") for line in lines)
     assert not any(line.startswith(("target step", "draft step")) for line in lines)  # nothing trained again
+    fresh = build_demo(tmp_path / "out-fresh", tmp_path / "work-fresh", MICRO_HYBRID, log=lambda _: None,
+                       sources=sources, tokenizer_dir=DEMO_DIR / "target")  # built again from nothing
     for name in ("target/model.safetensors", "draft/model.safetensors", "draft/config.json"):
         assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out1" / name).read_bytes(), name
+        assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out-fresh" / name).read_bytes(), name
+    assert [d.tau for d in fresh.drafts] == [d.tau for d in first.drafts]
     for stage in ("self-distillation data", "drafts"):  # cached: the time they took when they were built
         assert first.seconds[stage] == second.seconds[stage]
     assert [d.tau for d in first.drafts] == [d.tau for d in second.drafts]
