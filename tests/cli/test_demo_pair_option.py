@@ -50,6 +50,10 @@ def test_eval_runs_the_hybrid_pair_on_the_shipped_prompt_sets(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["settings"]["target"] == str(demo.HYBRID_DEMO_DIR / "target")
     assert sorted(s["name"] for s in doc["sets"]) == ["eval_code", "eval_prose"]
+    again = runner.invoke(app, ["eval", "--resume", str(out), "--pair", "demo-hybrid", "--device", "cpu"])
+    assert again.exit_code == 0, again.output  # the same pair: nothing left to run
+    other = runner.invoke(app, ["eval", "--resume", str(out), "--pair", "demo", "--device", "cpu"])
+    assert other.exit_code == 2 and "was run with --target" in other.output  # another pair: refused
 
 
 @pytest.mark.parametrize("command", ["generate", "eval"])
