@@ -132,7 +132,8 @@ def bench_pair(name: str, args) -> dict | None:
         if other.outputs is not None and other.outputs != base.outputs:
             print(f"!!! {name}: {label} output differs from dspark's plain decoding: NOT LOSSLESS")
     summary = summarize(spec_stats, plain_stats, pair.block_size)
-    return {"name": name, "target": type(pair.target.model).__name__, "layers": pair.target.model.config.num_hidden_layers,
+    model = pair.target.model
+    return {"name": name, "target": type(model).__name__, "layers": model.config.num_hidden_layers,
             "block": pair.block_size, "tau": summary.tau, "spec": spec, "plain": base, "hf_plain": hf_plain,
             "pld": pld, "breakdown": summary.round_breakdown, "rounds": summary.rounds}
 
@@ -161,7 +162,8 @@ def report(rows: list[dict], args) -> str:
         if r["pld"].refused:
             lines += ["", f"{r['name']}: prompt lookup decoding refused by transformers ({r['pld'].refused})."]
     lines += ["", "Speculative rounds, mean ms per round (share of the round):", "",
-              "| pair | rounds | draft | Markov | verify | rollback | other | total |", "|---|---|---|---|---|---|---|---|"]
+              "| pair | rounds | draft | Markov | verify | rollback | other | total |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r["breakdown"]
         cells = [(b.draft_backbone_ms, b.draft_backbone_share), (b.markov_ms, b.markov_share),

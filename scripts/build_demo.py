@@ -85,8 +85,8 @@ def main() -> None:
     for path in [staging, *staging.rglob("*")]:  # plain readable files and folders for packaging
         path.chmod(0o755 if path.is_dir() else 0o644)
     publish(staging, args.out)
-    print(f"{args.pair} pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, all stages "
-          f"{sum(report.seconds.values()) / 60:.1f} min")
+    print(f"{args.pair} pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, "
+          f"all stages {sum(report.seconds.values()) / 60:.1f} min")
 
 
 def speed_tables(work: Path) -> str:

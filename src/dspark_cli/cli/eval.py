@@ -16,7 +16,8 @@ from dspark_cli.cli import eval_report, options, render
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
 calibration in both definitions, and with --baseline the speedup. Without arguments: the shipped demo pair on its two
-shipped prompt sets, offline (--pair demo-hybrid: the hybrid pair on the same sets). --json saves the run as prompts finish; --resume continues it. docs/eval.md."""
+shipped prompt sets, offline (--pair demo-hybrid: the hybrid pair on the same sets). --json saves the run as
+prompts finish; --resume continues it. docs/eval.md."""
 
 # The options that decide what a prompt produces: a resumed run must use the values stored in its file. The run file
 # keeps them twice: as requested (settings.requested, what --resume compares the command line with) and resolved.

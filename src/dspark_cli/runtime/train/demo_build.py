@@ -469,9 +469,9 @@ def _card_words(recipe: DemoRecipe, speed: str, megabytes: float) -> dict[str, s
              "tokenizer": ("the attention demo pair's (byte-level BPE, vocabulary "
                            f"{recipe.vocab_size}, trained on the same training files), reused as is."),
              "speed": ("\n## Speed\n\nSpeculative against plain decoding and transformers' prompt lookup decoding on "
-                       "held-out prompts, on this pair\nand on the attention pair: `python benchmarks/bench_demo_pairs.py`"
-                       " (docs/stateful.md,\nwhich compares several runs: the build machine is shared and its figures are noisy). One "
-                       "run:\n" + (f"\n{speed}" if speed else "\nNot measured for this card.\n"))}
+                       "held-out prompts, on this pair\nand on the attention pair: `python "
+                       "benchmarks/bench_demo_pairs.py` (docs/stateful.md,\nwhich compares several runs: the build "
+                       "machine is shared and its figures are noisy). One run:\n" + (f"\n{speed}" if speed else "\nNot measured for this card.\n"))}
 
 
 def _hybrid_status(tau: float) -> str:
