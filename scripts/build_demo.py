@@ -1,12 +1,16 @@
-"""Build the demo pair shipped in src/dspark_cli/runtime/assets/demo/ (offline, deterministic, CPU).
+"""Build a demo pair shipped in src/dspark_cli/runtime/assets/ (offline, deterministic, CPU).
 
-    python scripts/build_demo.py                       # writes the assets and MODEL_CARD.md
+    python scripts/build_demo.py                       # the attention pair: writes assets/demo/ and MODEL_CARD.md
+    python scripts/build_demo.py --pair demo-hybrid    # the hybrid pair: assets/demo-hybrid/ (needs assets/demo/)
     python scripts/build_demo.py --out /tmp/demo --work /tmp/demo-work
     python scripts/build_demo.py --card-only           # re-render MODEL_CARD.md from build/demo/build_report.json
+    python scripts/build_demo.py --pair demo-hybrid --card-only   # ... with build/demo-hybrid/speed.md's figures
 
-Trains a byte-level BPE tokenizer, a small Qwen3 target, a DSpark draft and a DFlash draft (same budget) on the
-running interpreter's standard-library sources, evaluates both drafts with the speculative loop on held-out
-files at T = 0 and T = 1, and writes the target, the DSpark draft, the tokenizer and the model card.
+Trains a byte-level BPE tokenizer (the hybrid pair reuses the attention pair's), a small target (a Qwen3, or a
+Qwen3.5-style Gated DeltaNet / attention hybrid), a DSpark draft and a DFlash draft (same budget) on the running
+interpreter's standard-library sources, evaluates both drafts with the speculative loop on held-out files at
+T = 0 and T = 1, and writes the target, the DSpark draft, the tokenizer and the model card. The target and the
+drafts are cached in the work folder: a build run again with the same recipe resumes after its last whole stage.
 """
 
 from __future__ import annotations
@@ -29,22 +33,31 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
-from dspark_cli.runtime.demo import DEMO_DIR  # noqa: E402
+from dspark_cli.runtime.demo import DEMO_DIR, demo_folder  # noqa: E402
 from dspark_cli.runtime.io.outputs import replace_path  # noqa: E402
-from dspark_cli.runtime.train.demo_build import (DemoRecipe, build_demo, model_card, report_from_json,  # noqa: E402
-                                           report_json)
+from dspark_cli.runtime.train.demo_build import (HYBRID_RECIPE, DemoRecipe, build_demo, model_card,  # noqa: E402
+                                              report_from_json, report_json)
+
+RECIPES = {"demo": DemoRecipe(), "demo-hybrid": HYBRID_RECIPE}
+TOKENIZERS = {"demo": None, "demo-hybrid": DEMO_DIR / "target"}  # the hybrid pair reuses the attention pair's
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEMO_DIR, help="where target/, draft/ and MODEL_CARD.md go")
-    parser.add_argument("--work", type=Path, default=REPO / "build" / "demo",
-                        help="cached target stage, DFlash draft and build_report.json")
+    parser.add_argument("--pair", choices=sorted(RECIPES), default="demo",
+                        help="which pair: demo (attention, the default) or demo-hybrid (Qwen3.5-style target)")
+    parser.add_argument("--out", type=Path, help="where target/, draft/ and MODEL_CARD.md go (default: the pair's "
+                        "folder in src/dspark_cli/runtime/assets/)")
+    parser.add_argument("--work", type=Path, help="cached target and draft stages, DFlash draft and build_report.json "
+                        "(default: build/PAIR)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--card-only", action="store_true",
                         help="only rewrite OUT/MODEL_CARD.md from WORK/build_report.json (same recipe)")
     args = parser.parse_args()
-    recipe = DemoRecipe()
+    recipe = RECIPES[args.pair]
+    args.out = args.out or demo_folder(args.pair)
+    args.work = args.work or REPO / "build" / args.pair
+    command = "python scripts/build_demo.py" + ("" if args.pair == "demo" else f" --pair {args.pair}")
     if args.card_only:
         try:
             report = report_from_json((args.work / "build_report.json").read_text(), recipe)
@@ -52,7 +65,7 @@ def main() -> None:
             print(f"error: cannot re-render the model card from {args.work / 'build_report.json'}: {error}",
                   file=sys.stderr)
             sys.exit(2)
-        (args.out / "MODEL_CARD.md").write_text(model_card(report, recipe))
+        (args.out / "MODEL_CARD.md").write_text(model_card(report, recipe, command, speed_tables(args.work)))
         print(f"{args.out / 'MODEL_CARD.md'} rewritten from {args.work / 'build_report.json'}")
         return
 
@@ -60,15 +73,26 @@ def main() -> None:
     started = time.perf_counter()
     staging = args.out.with_name(f".{args.out.name}.building")
     shutil.rmtree(staging, ignore_errors=True)
-    report = build_demo(staging, args.work, recipe,
+    tokenizer = TOKENIZERS[args.pair]
+    if tokenizer is not None and not (tokenizer / "tokenizer.json").is_file():
+        print(f"error: the {args.pair} pair reuses the tokenizer in {tokenizer}, which is missing; build the demo pair "
+              "first (python scripts/build_demo.py)", file=sys.stderr)
+        sys.exit(2)
+    report = build_demo(staging, args.work, recipe, tokenizer_dir=tokenizer,
                         log=lambda line: print(f"[{time.perf_counter() - started:6.0f}s] {line}", flush=True))
-    (staging / "MODEL_CARD.md").write_text(model_card(report, recipe))
+    (staging / "MODEL_CARD.md").write_text(model_card(report, recipe, command, speed_tables(args.work)))
     (args.work / "build_report.json").write_text(report_json(report))
     for path in [staging, *staging.rglob("*")]:  # plain readable files and folders for packaging
         path.chmod(0o755 if path.is_dir() else 0o644)
     publish(staging, args.out)
-    print(f"demo pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, all stages "
-          f"{sum(report.seconds.values()) / 60:.1f} min")
+    print(f"{args.pair} pair written to {args.out}; this run took {(time.perf_counter() - started) / 60:.1f} min, "
+          f"all stages {sum(report.seconds.values()) / 60:.1f} min")
+
+
+def speed_tables(work: Path) -> str:
+    """WORK/speed.md, the tables `benchmarks/bench_demo_pairs.py --markdown` wrote for the card ("" if absent)."""
+    path = work / "speed.md"
+    return path.read_text() if path.is_file() else ""
 
 
 def publish(staging: Path, out: Path) -> None:

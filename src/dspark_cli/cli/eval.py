@@ -16,7 +16,8 @@ from dspark_cli.cli import eval_report, options, render
 HELP = """Evaluate a DSpark draft against its target on prompt sets (JSONL in DeepSpec's eval_datasets layout, or
 .txt): per set and for all, tau (incl. bonus) with a 95% bootstrap interval, per-position acceptance, confidence
 calibration in both definitions, and with --baseline the speedup. Without arguments: the shipped demo pair on its two
-shipped prompt sets, offline. --json saves the run as prompts finish; --resume continues it. docs/eval.md."""
+shipped prompt sets, offline (--pair demo-hybrid: the hybrid pair on the same sets). --json saves the run as
+prompts finish; --resume continues it. docs/eval.md."""
 
 # The options that decide what a prompt produces: a resumed run must use the values stored in its file. The run file
 # keeps them twice: as requested (settings.requested, what --resume compares the command line with) and resolved.
@@ -34,6 +35,7 @@ def eval_command(
     ctx: typer.Context,
     target: options.target() = None,
     draft: options.draft() = None,
+    pair_name: options.pair() = None,
     data: Optional[list[Path]] = typer.Option(None, "--data", help="Prompt set: .jsonl ('turns' list, first turn; "
                                               "or 'prompt') or .txt (paragraphs, else lines). Repeat for more."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N prompts per set (DeepSpec's "
@@ -95,6 +97,11 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     from dspark_cli.runtime.measure import evaluation as ev
     from dspark_cli.runtime.session import open_session
 
+    if o.pair_name is not None:  # the shipped pair's folders stand for --target and --draft, resumed runs included
+        o.target, o.draft = options.pair_paths(o.pair_name, o.target, o.draft)
+        given.update(target=o.target, draft=o.draft)
+        if o.resume is None:
+            o.data = o.data or list(ev.SHIPPED_SETS)
     old = ev.EvalRun.load(o.compare) if o.compare is not None else None
     json_path = o.json_path
     if o.resume is not None:

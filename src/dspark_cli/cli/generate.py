@@ -15,7 +15,8 @@ from dspark_cli.cli import options, render
 HELP = """Generate text with a target model and a DSpark draft (speculative decoding, lossless), stream it,
 and report tau (incl. bonus), per-position acceptance, confidence calibration, timings and, with --baseline,
 the speedup over plain decoding of the same target in the same run. Without --target/--draft the demo pair
-shipped in the package is used. docs/generate.md describes the algorithm and every figure."""
+shipped in the package is used; --pair demo-hybrid picks the hybrid (Qwen3.5-style) one. docs/generate.md describes
+the algorithm and every figure."""
 
 def register(app: typer.Typer) -> None:
     app.command("generate", help=HELP)(generate)
@@ -27,6 +28,7 @@ def generate(
                                            "pair has defaults)."),
     target: options.target() = None,
     draft: options.draft() = None,
+    pair_name: options.pair() = None,
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="File of prompts: .txt (one per line) or .jsonl "
                                            "(strings, objects with a 'prompt' field, or dspark eval's prompt-set "
                                            "records: first of 'turns')."),
@@ -63,7 +65,9 @@ def generate(
     out = render.err_console if options.to_stdout(json_path) else render.console
     if (target is None) != (draft is None):
         raise DsparkError("pass both --target and --draft, or neither to use the demo pair.")
-    texts = _prompt_texts(prompt, prompts) or (list(DEMO_PROMPTS) if target is None else [])
+    demo = target is None
+    target, draft = options.pair_paths(pair_name, target, draft)
+    texts = _prompt_texts(prompt, prompts) or (list(DEMO_PROMPTS) if demo else [])
     if not texts:
         raise DsparkError("give a PROMPT argument or --prompts FILE.")
     try:

@@ -5,7 +5,7 @@ carries nothing else (the human report is left out, or goes to stderr). `--seed`
 torch.Generator.manual_seed accepts). `--device` takes auto, cpu, cuda or cuda:N; `--dtype` auto, float32,
 bfloat16 or float16. Each factory takes the sentence that says what the option does in that command.
 
-The pair and decode settings (`--target/-t`, `--draft/-d`, `--block-size`, `--draft-topk`, `--markov`,
+The pair and decode settings (`--target/-t`, `--draft/-d`, `--pair`, `--block-size`, `--draft-topk`, `--markov`,
 `--temperature`, `--top-p`, `--top-k`, `--confidence-threshold`, `--confidence-rule`, `--calibration`) are declared
 here too, so that generate and eval offer the same flags; their `what` defaults to the decode commands' sentence.
 """
@@ -27,7 +27,7 @@ FLAGS = {"block_size": "--block-size", "draft_topk": "--draft-topk", "markov": "
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
          "confidence_threshold": "--confidence-threshold", "confidence_rule": "--confidence-rule",
          "calibration": "--calibration", "device": "--device", "dtype": "--dtype", "target": "--target",
-         "draft": "--draft", "dist_timeout": "--dist-timeout", "engine": "--engine",
+         "draft": "--draft", "dist_timeout": "--dist-timeout", "engine": "--engine", "pair": "--pair",
          "url": "--url", "api": "--api", "timeout": "--timeout", "min_p": "--min-p", "max_tokens": "--max-tokens",
          "concurrency": "--concurrency"}
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
@@ -63,6 +63,23 @@ def target(what: str = "Target causal LM: folder or hub id."):
 
 def draft(what: str = "DSpark draft checkpoint: folder or hub id."):
     return Annotated[Optional[str], typer.Option("--draft", "-d", metavar="DRAFT", help=what)]
+
+
+def pair(what: str = "A demo pair shipped in the package, by its short name: demo (Qwen3 target; the default "
+         "without --target and --draft) or demo-hybrid (Qwen3.5-style Gated DeltaNet / attention target)."):
+    return Annotated[Optional[str], typer.Option("--pair", metavar="NAME", help=what)]
+
+
+def pair_paths(name: Optional[str], target: Optional[str], draft: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """`--pair NAME` -> the shipped pair's (target, draft) folders; without it, --target and --draft as given."""
+    if name is None:
+        return target, draft
+    if target is not None or draft is not None:
+        raise DsparkError("pass --pair, or --target and --draft, not both.")
+    from dspark_cli.runtime.demo import demo_pair
+
+    pair_target, pair_draft = demo_pair(name)
+    return str(pair_target), str(pair_draft)
 
 
 def block_size(what: str = "Draft tokens per round (default: the trained block size, which is also the maximum).",

@@ -1,10 +1,13 @@
-"""Build the demo pair that ships in the package, offline and deterministically (scripts/build_demo.py).
+"""Build the demo pairs that ship in the package, offline and deterministically (scripts/build_demo.py).
 
 From the running interpreter's standard-library sources (every `held_out_every`-th file held out):
-a byte-level BPE tokenizer, a small Qwen3 target trained on next-token prediction, then a DSpark draft
-and, for comparison, a DFlash draft (Markov rank 0, no confidence head) trained in lock-step on the same
-batches and anchors, and both evaluated with the real speculative loop on held-out prompts at T = 0 and 1.
-The target, the DSpark draft and the tokenizer are written in bf16 with a model card.
+a byte-level BPE tokenizer (or the attention pair's, reused), a small target trained on next-token prediction
+(the recipe's target geometry picks its architecture: a Qwen3 for the attention pair, a Qwen3.5-style Gated
+DeltaNet / attention hybrid for the hybrid pair), then a DSpark draft and, for comparison, a DFlash draft
+(Markov rank 0, no confidence head) trained in lock-step on the same batches and anchors, and both evaluated
+with the real speculative loop on held-out prompts at T = 0 and 1. The target, the DSpark draft and the
+tokenizer are written in bf16 with a model card. The target and the drafts are cached in the work folder with
+the recipe they were built by (a stage file each), so an interrupted build resumes after its last whole stage.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,7 +23,8 @@ from typing import Callable
 
 import torch
 
-from dspark_cli.runtime.train.tiny_target import TargetGeometry, build_tokenizer, evaluate_lm, train_causal_lm
+from dspark_cli.runtime.train.tiny_target import (HybridGeometry, TargetGeometry, build_tokenizer, evaluate_lm,
+                                                  train_causal_lm)
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.trainer import DraftTrainer, save_final, train_lockstep
 from dspark_cli.runtime.train.data import (SequenceBank, TokenStream, split_held_out, stdlib_sources,
@@ -28,7 +33,9 @@ from dspark_cli.runtime.train.new_draft import DraftShape, new_draft
 
 Log = Callable[[str], None]
 STAGE_FILE = "stage.json"
-GOAL_TAU, GOAL_RATIO = 3.5, 1.15  # the shipped pair's acceptance goal at T = 0 (block 7)
+DRAFTS_STAGE_FILE = "drafts_stage.json"  # in the work folder, beside dspark_draft/ and dflash_draft/
+GOAL_TAU, GOAL_RATIO = 3.5, 1.15  # the attention pair's acceptance goal at T = 0 (block 7)
+HYBRID_GOAL_TAU = 3.0  # the hybrid pair's: enough for speculative decoding to beat plain decoding by 1.5x
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,26 @@ class DemoRecipe:
     @property
     def dflash(self) -> DraftShape:
         return replace(self.draft, markov_rank=0, confidence=False, confidence_with_markov=False)
+
+    @property
+    def hybrid(self) -> bool:
+        return isinstance(self.target, HybridGeometry)
+
+
+# The hybrid pair: a Qwen3.5-style target (3 Gated DeltaNet layers to 1 attention layer) half as deep as the
+# attention pair's and trained for 300 steps instead of 2500 (transformers' Gated DeltaNet runs its reference
+# PyTorch code on CPU, about twice the attention pair's time per step), so that its build fits an hour on two
+# shared cores; the attention pair's tokenizer (build_demo's tokenizer_dir); 600 draft steps instead of 2000, on
+# half as many self-distilled sequences.
+HYBRID_RECIPE = DemoRecipe(
+    target=HybridGeometry(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=2, head_dim=32, full_attention_every=4,
+                          linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
+                          linear_value_head_dim=32, linear_conv_kernel_dim=4),
+    target_steps=300,
+    draft=DraftShape(layers=1, block_size=7, target_layers=(0, 1, 2), markov_rank=128),
+    draft_options=TrainOptions(steps=600, batch_size=8, seq_len=256, anchors=32, lr=2e-3),
+    distill_sequences=1024)
 
 
 @dataclass
@@ -83,9 +110,10 @@ def round_to_bf16_(model: torch.nn.Module) -> None:
 
 
 def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Log = print,
-               sources: list[Path] | None = None) -> DemoReport:
-    """Build target/ and draft/ into `out`; `work` receives the DFlash draft (evaluated, not shipped).
-    `sources`: the corpus files (default: the running interpreter's standard library)."""
+               sources: list[Path] | None = None, tokenizer_dir: Path | None = None) -> DemoReport:
+    """Build target/ and draft/ into `out`; `work` receives the cached stages and the DFlash draft (evaluated,
+    not shipped). `sources`: the corpus files (default: the running interpreter's standard library).
+    `tokenizer_dir`: reuse the tokenizer saved there (trained on the same split) instead of training one."""
     out, work = Path(out), Path(work)
     work.mkdir(parents=True, exist_ok=True)
     clock = time.perf_counter()
@@ -100,7 +128,8 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
 
     files = stdlib_sources() if sources is None else sorted(sources)
     train_files, held_files = split_held_out(files, recipe.held_out_every)
-    tokenizer = build_tokenizer(train_files, recipe.vocab_size)
+    tokenizer = build_tokenizer(train_files, recipe.vocab_size) if tokenizer_dir is None else \
+        _saved_tokenizer(tokenizer_dir, recipe.vocab_size)
     train_stream = _stream(train_files, tokenizer)
     held_stream = _stream(held_files, tokenizer)
     corpus = {"python": platform.python_version(), "train_files": len(train_files), "held_out_files": len(held_files),
@@ -109,14 +138,58 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
     log(f"corpus: {len(train_files)} training files ({len(train_stream):,} tokens), {len(held_files)} held out")
     lap("tokenizer")
 
-    target, val_loss, target_seconds = _target_stage(work / "target", recipe, tokenizer, train_stream, held_stream,
-                                                     log)
+    key = {**_target_key(recipe), "tokenizer_vocab": sorted(tokenizer.get_vocab().items())}
+    target, val_loss, target_seconds = _target_stage(work / "target", recipe, key, tokenizer, train_stream,
+                                                     held_stream, log)
     target_dir = out / "target"
     _save_target(target, tokenizer, target_dir)
     lap("target")
     if target_seconds is not None:
         seconds["target"] = target_seconds  # the cached stage: report the time it took when it was built
 
+    estimates = _drafts_stage(work, recipe, key, (target, tokenizer, train_stream), seconds, log, lap)
+    draft_dir, dflash_dir = out / "draft", work / "dflash_draft"
+    draft_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(work / "dspark_draft" / name, draft_dir / name)
+
+    results = []
+    for name, folder, estimate in (("DSpark", draft_dir, estimates[0]), ("DFlash", dflash_dir, estimates[1])):
+        started = time.perf_counter()
+        tau, accept_at = evaluate_pair(target_dir, folder, held_stream, recipe)
+        results.append(DraftResult(name, tau, accept_at, round(estimate, 3), round(time.perf_counter() - started, 1)))
+        log(f"{name}: τ {tau}")
+    lap("evaluation")
+
+    sizes = {name: sum(f.stat().st_size for f in (out / name).rglob("*") if f.is_file())
+             for name in ("target", "draft")}
+    return DemoReport(recipe=_recipe_dict(recipe), corpus=corpus, target_val_loss=round(val_loss, 4),
+                      seconds=seconds, drafts=results, sizes_bytes=sizes)
+
+
+def _drafts_stage(work: Path, recipe: DemoRecipe, target_key: dict, inputs: tuple, seconds: dict[str, float],
+                  log: Log, lap: Callable[[str], None]) -> list[float]:
+    """Train the drafts into work/dspark_draft and work/dflash_draft, or reuse them when work/DRAFTS_STAGE_FILE
+    says they were built for this target by this same draft recipe. inputs: (target, tokenizer, train_stream).
+    -> their training estimates of τ; `seconds` gets the stages' times (the cached build's when reused)."""
+    key = json.loads(json.dumps({"target": target_key, **_drafts_key(recipe)}))
+    stage_file = work / DRAFTS_STAGE_FILE
+    stage = json.loads(stage_file.read_text()) if stage_file.is_file() else {}
+    if stage.get("key") == key:
+        log(f"reusing the drafts built earlier in {work} (same recipe)")
+        seconds.update(stage["seconds"])
+        return stage["train_tau_estimates"]
+    estimates = _train_drafts(*inputs, recipe, work, log, lap)
+    stage = {"key": key, "train_tau_estimates": estimates,
+             "seconds": {k: v for k, v in seconds.items() if k in ("self-distillation data", "drafts")}}
+    stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    return estimates
+
+
+def _train_drafts(target, tokenizer, train_stream: TokenStream, recipe: DemoRecipe, folder: Path, log: Log,
+                  lap: Callable[[str], None]) -> list[float]:
+    """Train the DSpark and the DFlash drafts in lock-step into folder/dspark_draft and folder/dflash_draft.
+    -> their training estimates of τ (moving averages)."""
     draft_data = train_stream
     if recipe.distill_sequences:
         draft_data = self_distillation_data(target, train_stream, recipe)
@@ -135,38 +208,40 @@ def build_demo(out: Path, work: Path, recipe: DemoRecipe = DemoRecipe(), log: Lo
         for i, t in enumerate(terms):
             estimates[i] = 0.9 * estimates[i] + 0.1 * t.expected_length if step > 1 else t.expected_length
         if step % 100 == 0:
-            log(f"draft step {step}: DSpark loss {terms[0].loss.item():.3f} τ≈{estimates[0]:.2f}, "
-                f"DFlash loss {terms[1].loss.item():.3f} τ≈{estimates[1]:.2f}")
+            log(f"draft step {step}: DSpark loss {terms[0].loss.item():.3f} expected length {estimates[0]:.2f}, "
+                f"DFlash loss {terms[1].loss.item():.3f} expected length {estimates[1]:.2f}")
 
     train_lockstep(trainers, report)
-    draft_dir, dflash_dir = out / "draft", work / "dflash_draft"
-    for trainer, folder in ((trainers[0], draft_dir), (trainers[1], dflash_dir)):
-        folder.mkdir(parents=True, exist_ok=True)
-        save_final(trainer.draft, folder)
+    for trainer, name in ((trainers[0], "dspark_draft"), (trainers[1], "dflash_draft")):
+        save_final(trainer.draft, folder / name)
     lap("drafts")
-
-    results = []
-    for name, folder, estimate in (("DSpark", draft_dir, estimates[0]), ("DFlash", dflash_dir, estimates[1])):
-        started = time.perf_counter()
-        tau, accept_at = evaluate_pair(target_dir, folder, held_stream, recipe)
-        results.append(DraftResult(name, tau, accept_at, round(estimate, 3), round(time.perf_counter() - started, 1)))
-        log(f"{name}: τ {tau}")
-    lap("evaluation")
-
-    sizes = {name: sum(f.stat().st_size for f in (out / name).rglob("*") if f.is_file())
-             for name in ("target", "draft")}
-    return DemoReport(recipe=_recipe_dict(recipe), corpus=corpus, target_val_loss=round(val_loss, 4),
-                      seconds=seconds, drafts=results, sizes_bytes=sizes)
+    return estimates
 
 
-def _target_stage(folder: Path, recipe: DemoRecipe, tokenizer, train_stream: TokenStream, held_stream: TokenStream,
-                  log: Log):
+def _drafts_key(recipe: DemoRecipe) -> dict:
+    """Everything the drafts' weights depend on besides the target."""
+    return {"draft": asdict(recipe.draft), "dflash": asdict(recipe.dflash),
+            "draft_options": asdict(recipe.draft_options), "distill_sequences": recipe.distill_sequences,
+            "distill_prompt_tokens": recipe.distill_prompt_tokens}
+
+
+def _saved_tokenizer(folder: Path, vocab_size: int):
+    """The tokenizer saved in `folder` (tokenizer.json); ValueError when its vocabulary is not `vocab_size`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if len(tokenizer) != vocab_size:
+        raise ValueError(f"{folder}: the tokenizer has {len(tokenizer)} ids, the recipe wants {vocab_size}")
+    return tokenizer
+
+
+def _target_stage(folder: Path, recipe: DemoRecipe, key: dict, tokenizer, train_stream: TokenStream,
+                  held_stream: TokenStream, log: Log):
     """Train the target, or reuse `folder` when it holds a target built by this same target recipe (the slowest
     stage; the drafts can then be rebuilt alone). -> (fp32 model with bf16-exact weights, held-out loss,
     seconds of the cached build or None)."""
     from transformers import AutoModelForCausalLM
 
-    key = {**_target_key(recipe), "tokenizer_vocab": sorted(tokenizer.get_vocab().items())}
     stage_file = folder / STAGE_FILE
     stage = json.loads(stage_file.read_text()) if stage_file.is_file() else {}
     if stage.get("key") == json.loads(json.dumps(key)):
@@ -284,8 +359,10 @@ def report_from_json(text: str, recipe: DemoRecipe) -> DemoReport:
     return DemoReport(**{**doc, "drafts": [DraftResult(**d) for d in doc["drafts"]]})
 
 
-def model_card(report: DemoReport, recipe: DemoRecipe) -> str:
-    """MODEL_CARD.md for the shipped pair: how it was built and what it measures."""
+def model_card(report: DemoReport, recipe: DemoRecipe, build_command: str = "python scripts/build_demo.py",
+               speed: str = "") -> str:
+    """MODEL_CARD.md for the shipped pair: how it was built (`build_command`) and what it measures; `speed`: the
+    Markdown tables of benchmarks/bench_demo_pairs.py, shown in the hybrid pair's card (empty: not measured)."""
     t, d, o = recipe.target, recipe.draft, recipe.draft_options
     dspark, dflash = report.drafts
     corpus = report.corpus
@@ -302,20 +379,21 @@ def model_card(report: DemoReport, recipe: DemoRecipe) -> str:
     else:
         data = "the target's training stream (raw text)."
     mb = {k: v / 1e6 for k, v in report.sizes_bytes.items()}
-    target_row = (f"Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers, {t.num_attention_heads}/"
+    words = _card_words(recipe, speed, sum(mb.values()))
+    target_row = (f"{words['target']}, {t.num_attention_heads}/"
                   f"{t.num_key_value_heads} heads of {t.head_dim}, MLP {t.intermediate_size}, tied embeddings, vocab "
                   f"{t.vocab_size}; bf16 safetensors + byte-level BPE tokenizer (`<\\|endoftext\\|>` = 0 is eos, "
                   "`<\\|mask\\|>` = 1 is the draft's mask token)")
     draft_row = (f"DSpark draft in DeepSpec format: {d.layers} decoder layer(s), block size {d.block_size}, target "
                  f"layers {list(d.target_layers)}, vanilla Markov head rank {d.markov_rank}, confidence head with "
                  "Markov input; bf16, embed_tokens / lm_head = frozen copies of the target's")
-    return f"""# dspark demo pair
+    return f"""# dspark {words['title']}
 
-A tiny Qwen3 target and a DSpark draft for it, trained from scratch on CPU from the Python {corpus['python']}
+A tiny {words['family']} target and a DSpark draft for it, trained from scratch on CPU from the Python {corpus['python']}
 standard-library sources, so that `dspark generate` works offline out of the box. It writes Python-like
-text; it is a demonstration of the speculative-decoding machinery, not a useful language model.
+text; it is a demonstration of the speculative-decoding machinery, not a useful language model.{words['intro']}
 
-Rebuild it with `python scripts/build_demo.py` (deterministic for a given interpreter, torch version and thread
+Rebuild it with `{build_command}` (deterministic for a given interpreter, torch version and thread
 count). Minutes per stage with {report.recipe['threads']} torch thread(s) on a {report.recipe['cpus']}-core machine:
 {stages}; total {sum(minutes.values()):.0f}.
 
@@ -325,13 +403,13 @@ count). Minutes per stage with {report.recipe['threads']} torch thread(s) on a {
 |---|---|---|
 | `target/` | {target_row} | {mb['target']:.1f} MB |
 | `draft/` | {draft_row} | {mb['draft']:.1f} MB |
-
+{words['wheel']}
 ## How it was built
 
 - **Corpus**: {corpus['train_files']} standard-library `.py` files (no tests, IDLE or site-packages), sorted by
   path; every {recipe.held_out_every}th file ({corpus['held_out_files']} files, {corpus['held_out_tokens']:,} tokens)
   is held out for evaluation. Training stream: {corpus['train_tokens']:,} tokens.
-- **Tokenizer**: byte-level BPE, vocabulary {recipe.vocab_size}, trained on the training files only.
+- **Tokenizer**: {words['tokenizer']}
 - **Target**: next-token cross-entropy, AdamW (β 0.9/0.95, weight decay 0.1), peak lr {recipe.target_lr}, warm-up
   then cosine decay, {recipe.target_steps} steps of {recipe.target_batch_size} × {recipe.target_seq_len} tokens
   ({recipe.target_steps * recipe.target_batch_size * recipe.target_seq_len / 1e6:.1f} M tokens). Held-out loss
@@ -359,12 +437,47 @@ sampled at the target's temperature, lossless verification. τ = committed token
 
 DSpark / DFlash: {ratio['T=0']:.2f}× at T=0, {ratio['T=1']:.2f}× at T=1.
 
-{_status(dspark.tau['T=0'], ratio['T=0'])}
+{_hybrid_status(dspark.tau['T=0']) if recipe.hybrid else _status(dspark.tau['T=0'], ratio['T=0'])}
 
 A tiny target's greedy output repeats itself a lot (loops over comment lines and identifiers), and a draft that
 reads the target's own features learns to follow such loops; that is why τ at T = 0 is this high for a model this
 weak. Real targets write less repetitive text, so expect other figures there.
-"""
+{words['speed']}"""
+
+
+def _card_words(recipe: DemoRecipe, speed: str, megabytes: float) -> dict[str, str]:
+    """What the attention pair's and the hybrid pair's model cards say differently."""
+    t = recipe.target
+    words = {"title": "demo pair", "family": "Qwen3", "intro": "",
+             "target": f"Qwen3ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers",
+             "tokenizer": f"byte-level BPE, vocabulary {recipe.vocab_size}, trained on the training files only.",
+             "speed": "", "wheel": ""}
+    if not recipe.hybrid:
+        return words
+    linear = t.layer_types.count("linear_attention")
+    return {**words, "title": "hybrid demo pair", "family": "Qwen3.5-style hybrid",
+            "intro": ("\n\nIts target mixes Gated DeltaNet linear-attention layers (a fixed-size recurrent state) with "
+                      "full-attention\nlayers, like Qwen3.5: `dspark generate` and `dspark eval` run it by its short "
+                      "name, demo-hybrid, to show\nspeculative decoding on a stateful target (docs/stateful.md)."),
+             "target": (f"Qwen3_5ForCausalLM: hidden {t.hidden_size}, {t.num_hidden_layers} layers "
+                        f"({', '.join(x.replace('_attention', '') for x in t.layer_types)}): {linear} Gated DeltaNet "
+                        f"layers of {t.linear_num_key_heads}/{t.linear_num_value_heads} key/value heads of "
+                        f"{t.linear_key_head_dim} (conv {t.linear_conv_kernel_dim}), "
+                        f"{t.num_hidden_layers - linear} gated attention layer(s)"),
+             "wheel": (f"\nThe pair adds {megabytes:.1f} MB (uncompressed) to the package: pyproject.toml's package "
+                       "data,\n`runtime/assets/**/*`, ships it beside the attention pair.\n"),
+             "tokenizer": ("the attention demo pair's (byte-level BPE, vocabulary "
+                           f"{recipe.vocab_size}, trained on the same training files), reused as is."),
+             "speed": ("\n## Speed\n\nSpeculative against plain decoding and transformers' prompt lookup decoding on "
+                       "held-out prompts, on this pair\nand on the attention pair: `python "
+                       "benchmarks/bench_demo_pairs.py` (docs/stateful.md,\nwhich compares several runs: the build "
+                       "machine is shared and its figures are noisy). One run:\n" + (f"\n{speed}" if speed else "\nNot measured for this card.\n"))}
+
+
+def _hybrid_status(tau: float) -> str:
+    """The acceptance goal of the hybrid pair (τ >= 3 at T = 0 with block 7)."""
+    met = tau >= HYBRID_GOAL_TAU
+    return (f"Goal for this pair: τ ≥ {HYBRID_GOAL_TAU} at T = 0; {'met' if met else '**not met**'} (τ {tau:.2f}).")
 
 
 def _status(tau: float, ratio: float) -> str:

@@ -1,4 +1,5 @@
-"""The demo's tiny target: a byte-level BPE tokenizer and a small Qwen3 causal LM trained from scratch.
+"""The demo's tiny targets: a byte-level BPE tokenizer and a small causal LM trained from scratch, either a Qwen3
+(attention only, TargetGeometry) or a Qwen3.5-style hybrid (Gated DeltaNet and attention layers, HybridGeometry).
 
 Ordinary next-token training (cross-entropy, AdamW, linear warm-up then cosine decay), deterministic for a
 given seed, corpus and thread count.
@@ -10,7 +11,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,9 @@ def build_tokenizer(files: list[Path], vocab_size: int):
 
 @dataclass(frozen=True)
 class TargetGeometry:
+    """A Qwen3ForCausalLM: attention in every layer."""
+
+    architecture: ClassVar[str] = "Qwen3ForCausalLM"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -59,6 +63,35 @@ class TargetGeometry:
                              bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
         torch.manual_seed(seed)
         return Qwen3ForCausalLM(config)
+
+
+@dataclass(frozen=True)
+class HybridGeometry(TargetGeometry):
+    """A Qwen3.5-style Qwen3_5ForCausalLM: every `full_attention_every`-th layer is gated full attention, the others
+    Gated DeltaNet linear attention (a recurrent state per layer instead of a growing KV cache)."""
+
+    architecture: ClassVar[str] = "Qwen3_5ForCausalLM"
+    full_attention_every: int = 4
+    linear_num_key_heads: int = 4
+    linear_num_value_heads: int = 8
+    linear_key_head_dim: int = 32
+    linear_value_head_dim: int = 32
+    linear_conv_kernel_dim: int = 4
+
+    @property
+    def layer_types(self) -> list[str]:
+        n = self.full_attention_every
+        return ["full_attention" if (i + 1) % n == 0 else "linear_attention" for i in range(self.num_hidden_layers)]
+
+    def build(self, eos_token_id: int, seed: int):
+        """A freshly initialised Qwen3_5ForCausalLM (tied embeddings, float32)."""
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        fields = {k: v for k, v in asdict(self).items() if k != "full_attention_every"}
+        config = Qwen3_5TextConfig(**fields, layer_types=self.layer_types, tie_word_embeddings=True,
+                                   bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+        torch.manual_seed(seed)
+        return Qwen3_5ForCausalLM(config)
 
 
 @dataclass(frozen=True)
