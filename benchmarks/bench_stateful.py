@@ -1,6 +1,7 @@
 """Benchmark DSpark decoding on a stateful target: a small Qwen3.5-style hybrid (3 Gated DeltaNet layers to 1
 attention layer), trained briefly, with a DSpark draft trained briefly for it; speculative vs plain decoding on one
-thread, the rollback step's share of a round, and the two rollback schemes measured side by side.
+thread, the round's breakdown and the rollback step's share of it, the score pass over 1..8 positions against one
+decoding step, and the rollback schemes measured side by side.
 
     .venv/bin/python benchmarks/bench_stateful.py                      # ~5 min on one CPU thread
     .venv/bin/python benchmarks/bench_stateful.py --target-steps 60 --draft-steps 40 --prompts 2   # a quick look
@@ -10,10 +11,13 @@ What it builds (in a temporary folder, deleted at the end): the demo tokenizer (
 steps on Python standard-library files; a 1-layer DSpark draft trained --draft-steps by `dspark train`. Then, on
 held-out files' opening lines, greedy, one torch thread, each decoder warmed up once:
   - plain decoding (Pair.baseline) and speculative decoding (Pair.generate): tokens/s, the ratio, τ, and the mean
-    ms per round of each step (the report's breakdown), with rollback = snapshot + restore + replay;
-  - rollback schemes on the same target, same cache, kept positions 1, half and all of a scored block: dspark's
-    (restore the snapshot, re-run only the stateful mixers over the kept positions) against re-running the whole
-    target over the kept positions (restore, crop attention, one more forward), min of --reps.
+    ms per round of each step (the report's breakdown), with rollback = snapshot + rollback sections;
+  - the score pass over k = 1..8 positions after a cached prompt (min of --reps): dspark's Gated DeltaNet score pass
+    (model/gdn_scoring.py) and transformers' own forward (its chunked kernel, padded to 64 positions), each as a
+    multiple of one plain decoding step;
+  - rollback schemes on the same target, kept positions 1, half and all of a scored block: dspark's (the state at
+    the kept position copied in), the previous scheme (restore a snapshot, re-run the stateful mixers over the kept
+    positions) and re-running the whole target over the kept positions, min of --reps.
 Every speculative output is compared with plain decoding and a mismatch is printed loudly.
 """
 
@@ -37,7 +41,8 @@ import torch  # noqa: E402
 
 from dspark_cli.runtime.measure.metrics import summarize  # noqa: E402
 from dspark_cli.runtime.demo import demo_pair  # noqa: E402
-from dspark_cli.runtime.model.target_state import StateSnapshot, crop_attention  # noqa: E402
+from dspark_cli.runtime.model.target_state import (MixerReplay, StateSnapshot, crop_attention,  # noqa: E402
+                                                   stateful_mixers)
 from dspark_cli.runtime.pair import Pair  # noqa: E402
 
 
@@ -130,38 +135,93 @@ def decoding(pair: Pair, prompts: list[str], tokens: int) -> None:
           f"{len(full)} fully accepted rounds")
 
 
+def timed(run, reps: int, before=None) -> float:
+    """Min over reps of the seconds `run` takes, `before` (untimed) run ahead of each."""
+    best = float("inf")
+    for _ in range(reps):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@torch.inference_mode()
+def score_pass_costs(pair: Pair, prompt: str, reps: int, most: int = 8) -> None:
+    """A score pass over k = 1..most positions after a cached prompt, against one plain decoding step: dspark's
+    Gated DeltaNet score pass (model/gdn_scoring.py) and transformers' own forward (chunked kernel padded to 64)."""
+    target = pair.target
+    ids = torch.tensor(pair.encode(prompt)[:200])
+    tokens = torch.tensor(pair.encode(prompt)[200 : 200 + most])
+    target.prefill_plain(ids)
+    step = timed(lambda: target.decode_one(int(tokens[0])), reps * 4)
+    print(f"\nscore pass over k positions after a {len(ids)}-token prompt, min of {reps}, against one decoding step "
+          f"({step * 1000:.2f} ms)")
+    print(f"  {'k':>2} {'dspark (ms)':>12} {'x step':>7} {'transformers forward (ms)':>26} {'x step':>7}")
+    for k in range(1, most + 1):
+        block = tokens[:k]
+
+        def fresh() -> None:
+            target.prefill(ids)
+
+        ours = timed(lambda: target.score(block), reps, fresh)
+        theirs = timed(lambda: target.model(input_ids=block[None], use_cache=True, position_ids=torch.arange(
+            len(ids), len(ids) + k)[None], **{target.cache_kwarg: target.cache}), reps, fresh)
+        print(f"  {k:>2} {ours * 1000:>12.2f} {ours / step:>7.2f} {theirs * 1000:>26.2f} {theirs / step:>7.2f}")
+
+
 @torch.inference_mode()
 def rollback_schemes(pair: Pair, prompt: str, reps: int) -> None:
+    """Keeping 1, half and all of a scored block: dspark's copy of the kept position's state, the previous scheme
+    (restore a snapshot, re-run the stateful mixers over the kept positions) and re-running the whole target."""
     target = pair.target
     ids = torch.tensor(pair.encode(prompt)[:200])
     block = torch.tensor(pair.encode(prompt)[200 : 200 + pair.block_size + 1])
     n = len(block)
+    replay = MixerReplay.install(stateful_mixers(target.model, target.family))  # records only when started
+
+    def transformers_score() -> StateSnapshot:
+        target.prefill_plain(ids)
+        snapshot = StateSnapshot.take(target.cache)
+        replay.start()
+        target.model(input_ids=block[None], use_cache=True, position_ids=torch.arange(len(ids), len(ids) + n)[None],
+                      **{target.cache_kwarg: target.cache})
+        replay.stop()
+        return snapshot
+
     print(f"\nrollback of a scored block of {n} positions after a {len(ids)}-token prompt, min of {reps} (ms)")
-    print(f"  {'kept':>4} {'mixers replayed (dspark)':>25} {'whole target re-run':>20}")
+    print(f"  {'kept':>4} {'copy (dspark)':>14} {'restore + mixer replay':>23} {'whole target re-run':>20}")
     for keep in sorted({1, n // 2, n}):
-        mixer, whole = [], []
+        copy, mixers, whole = [], [], []
         for _ in range(reps):
-            target.prefill_plain(ids)
-            target.save_state()
+            target.prefill(ids)
             target.score(block)
             started = time.perf_counter()
             target.crop(len(ids) + keep)
-            mixer.append(time.perf_counter() - started)
+            copy.append(time.perf_counter() - started)
 
-            target.prefill_plain(ids)
-            snapshot = StateSnapshot.take(target.cache)
-            target.model(input_ids=block[None], use_cache=True, **{target.cache_kwarg: target.cache})
+            snapshot = transformers_score()
+            started = time.perf_counter()
+            if keep < n:
+                snapshot.restore()
+                replay.run(keep, n)
+                crop_attention(target.cache, len(ids) + keep)
+            mixers.append(time.perf_counter() - started)
+            replay.calls = []
+
+            snapshot = transformers_score()
             started = time.perf_counter()
             if keep < n:
                 snapshot.restore()
                 crop_attention(target.cache, len(ids))
-                with torch.inference_mode():
-                    target.model(input_ids=block[None, :keep], use_cache=True, logits_to_keep=1,
-                                 **{target.cache_kwarg: target.cache})
+                target.model(input_ids=block[None, :keep], use_cache=True, logits_to_keep=1,
+                             position_ids=torch.arange(len(ids), len(ids) + keep)[None],
+                             **{target.cache_kwarg: target.cache})
             whole.append(time.perf_counter() - started)
-        print(f"  {keep:>4} {min(mixer) * 1000:>25.2f} {min(whole) * 1000:>20.2f}")
+        print(f"  {keep:>4} {min(copy) * 1000:>14.3f} {min(mixers) * 1000:>23.2f} {min(whole) * 1000:>20.2f}")
     target.prefill_plain(ids)
-    print(f"  state copied by each snapshot: {StateSnapshot.take(target.cache).nbytes / 1024:.0f} KiB")
+    print(f"  recurrent + conv state of the target: {StateSnapshot.take(target.cache).nbytes / 1024:.0f} KiB")
 
 
 def main() -> None:
@@ -173,7 +233,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(1)
     files, held_out = corpus_files(24), corpus_files(args.prompts, skip=24)
@@ -183,7 +243,9 @@ def main() -> None:
         train_draft(work / "target", work / "draft", args.draft_steps, files, args.block_size)
         pair = Pair.load(str(work / "target"), str(work / "draft"), device="cpu", dtype="float32")
         decoding(pair, prompts_from(held_out, args.prompts), args.max_new_tokens)
-        rollback_schemes(pair, held_out[0].read_text(errors="replace")[:4000], args.reps)
+        text = held_out[0].read_text(errors="replace")[:4000]
+        score_pass_costs(pair, text, args.reps)
+        rollback_schemes(pair, text, args.reps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -47,13 +47,58 @@ def is_gated_deltanet(module: nn.Module) -> bool:
 
 
 @dataclass
+class DeltaBlock:
+    """The gated delta rule over one block, kept so that the state after any of its positions can be formed."""
+
+    start: torch.Tensor  # S0 [H, Dk, Dv]
+    keys: torch.Tensor  # [H, T, Dk]
+    updates: torch.Tensor  # [H, T, Dv]
+    decay: torch.Tensor  # [H, T, T]
+    log_decay: torch.Tensor  # [H, T]
+
+    def state_after(self, kept: int) -> torch.Tensor:
+        """S_kept [H, Dk, Dv] float32, the state after the first `kept` positions (kept = 0: S0)."""
+        if kept == 0:
+            return self.start
+        weights = self.decay[:, kept - 1, :kept, None]  # [H, n, 1]: exp(G_n - G_j), j < n
+        return (self.log_decay[:, kept - 1].exp()[:, None, None] * self.start
+                + (self.keys[:, :kept] * weights).transpose(1, 2) @ self.updates[:, :kept])  # [H, Dk, Dv]
+
+
+def delta_rule_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, DeltaBlock]:
+    """The gated delta rule (l2-normalised q and k, as transformers' kernels) over T positions as one chunk.
+    query, key [T, Hk, Dk], value [T, H, Dv], g, beta [T, H], start S0 [H, Dk, Dv] float32
+    -> (output [T, H, Dv] float32, the block for states after any position)."""
+    heads = value.shape[1]
+    if key.shape[1] != heads:  # grouped value heads: each q/k head serves heads // Hk consecutive value heads
+        query = query.repeat_interleave(heads // key.shape[1], dim=1)
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    query, key, value = (x.transpose(0, 1).float() for x in (query, key, value))  # [H, T, D]
+    beta, g = beta.transpose(0, 1).float(), g.transpose(0, 1).float()  # [H, T]
+    query = _l2norm(query) * query.shape[-1] ** -0.5
+    key = _l2norm(key)
+    length = key.shape[1]
+    log_decay = g.cumsum(-1)  # G [H, T]
+    lower = torch.ones(length, length, dtype=torch.bool, device=key.device).tril()  # [T, T] j <= i
+    decay = (log_decay[:, :, None] - log_decay[:, None, :]).masked_fill(~lower, float("-inf")).exp()  # [H, T, T]
+    weighted_keys = key * beta[..., None]  # [H, T, Dk]
+    system = ((weighted_keys @ key.transpose(1, 2)) * decay).tril(-1)  # A [H, T, T], strictly lower
+    targets = value * beta[..., None] - (weighted_keys * log_decay.exp()[..., None]) @ start  # [H, T, Dv]
+    updates = torch.linalg.solve_triangular(system + torch.eye(length, device=key.device), targets, upper=False,
+                                            unitriangular=True)  # u [H, T, Dv]
+    out = (query * log_decay.exp()[..., None]) @ start + ((query @ key.transpose(1, 2)) * decay) @ updates
+    return out.transpose(0, 1), DeltaBlock(start, key, updates, decay, log_decay)  # [T, H, Dv]
+
+
+@dataclass
 class ScoredLayer:
     """What one mixer's score pass keeps to set its states to any scored position."""
 
     conv_state: torch.Tensor  # the cache's conv state [1, C, K] (written in place)
     recurrent_state: torch.Tensor  # the cache's recurrent state [1, H, Dk, Dv] (written in place)
     conv_window: torch.Tensor  # [1, C, K + T]: the conv state before the block, then the block's conv inputs
-    block: "DeltaBlock"  # the delta rule over the block
+    block: DeltaBlock  # the delta rule over the block
 
     def keep(self, kept: int) -> None:
         """Set the cache's states to those after the first `kept` of the T scored positions."""
@@ -157,51 +202,6 @@ def _projections(mixer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, 
                                                                     mixer.in_proj_ba(hidden))  # Qwen3-Next
     mixed = torch.cat([x.reshape(1, length, -1) for x in (query, key, value)], dim=-1)
     return mixed, z, b, a
-
-
-@dataclass
-class DeltaBlock:
-    """The gated delta rule over one block, kept so that the state after any of its positions can be formed."""
-
-    start: torch.Tensor  # S0 [H, Dk, Dv]
-    keys: torch.Tensor  # [H, T, Dk]
-    updates: torch.Tensor  # [H, T, Dv]
-    decay: torch.Tensor  # [H, T, T]
-    log_decay: torch.Tensor  # [H, T]
-
-    def state_after(self, kept: int) -> torch.Tensor:
-        """S_kept [H, Dk, Dv] float32, the state after the first `kept` positions (kept = 0: S0)."""
-        if kept == 0:
-            return self.start
-        weights = self.decay[:, kept - 1, :kept, None]  # [H, n, 1]: exp(G_n - G_j), j < n
-        return (self.log_decay[:, kept - 1].exp()[:, None, None] * self.start
-                + (self.keys[:, :kept] * weights).transpose(1, 2) @ self.updates[:, :kept])  # [H, Dk, Dv]
-
-
-def delta_rule_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
-                     beta: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, DeltaBlock]:
-    """The gated delta rule (l2-normalised q and k, as transformers' kernels) over T positions as one chunk.
-    query, key [T, Hk, Dk], value [T, H, Dv], g, beta [T, H], start S0 [H, Dk, Dv] float32
-    -> (output [T, H, Dv] float32, the block for states after any position)."""
-    heads = value.shape[1]
-    if key.shape[1] != heads:  # grouped value heads: each q/k head serves heads // Hk consecutive value heads
-        query = query.repeat_interleave(heads // key.shape[1], dim=1)
-        key = key.repeat_interleave(heads // key.shape[1], dim=1)
-    query, key, value = (x.transpose(0, 1).float() for x in (query, key, value))  # [H, T, D]
-    beta, g = beta.transpose(0, 1).float(), g.transpose(0, 1).float()  # [H, T]
-    query = _l2norm(query) * query.shape[-1] ** -0.5
-    key = _l2norm(key)
-    length = key.shape[1]
-    log_decay = g.cumsum(-1)  # G [H, T]
-    lower = torch.ones(length, length, dtype=torch.bool, device=key.device).tril()  # [T, T] j <= i
-    decay = (log_decay[:, :, None] - log_decay[:, None, :]).masked_fill(~lower, float("-inf")).exp()  # [H, T, T]
-    weighted_keys = key * beta[..., None]  # [H, T, Dk]
-    system = ((weighted_keys @ key.transpose(1, 2)) * decay).tril(-1)  # A [H, T, T], strictly lower
-    targets = value * beta[..., None] - (weighted_keys * log_decay.exp()[..., None]) @ start  # [H, T, Dv]
-    updates = torch.linalg.solve_triangular(system + torch.eye(length, device=key.device), targets, upper=False,
-                                            unitriangular=True)  # u [H, T, Dv]
-    out = (query * log_decay.exp()[..., None]) @ start + ((query @ key.transpose(1, 2)) * decay) @ updates
-    return out.transpose(0, 1), DeltaBlock(start, key, updates, decay, log_decay)  # [T, H, Dv]
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -3,17 +3,24 @@
 A round scores [anchor, d_1..d_n] in one forward. Attention layers keep one K/V entry per position and are simply
 cropped, but a Gated DeltaNet, Mamba, short-convolution or lightning-attention layer folds every scored token into
 one fixed-size state, so after accepting m draft tokens that state has seen n - m tokens too many. dspark restores it
-exactly (docs/stateful.md has the measurements behind this choice):
+exactly (docs/stateful.md has the measurements behind each choice), one of three ways (StateRollback):
+
+Gated DeltaNet targets (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): dspark runs the mixers itself during a score pass
+(model/gdn_scoring.py: one unpadded chunk instead of transformers' 64-position one) and keeps what it needs to form
+the state after any scored position, so the rollback is a copy of the state at the kept position: no snapshot before
+the score pass, no replay after it.
+
+Other targets that continue a cached sequence with a block (Mamba2 hybrids, LFM2, MiniMax):
 
     states = StateSnapshot.take(cache)     # before the score pass: one copy of every state tensor (no forward)
     ... score n + 1 tokens, accept m ...
     states.restore()                       # the states as they were before the score pass (copied in place)
     replay.run(keep=m + 1)                 # re-advance only the stateful mixers over the kept positions
 
-The replay feeds each stateful mixer (the Gated DeltaNet, Mamba or conv block of a decoder layer) the inputs it
-received for the kept positions in the score pass: by causality those inputs do not depend on the rejected
-positions, so the mixers end in the state of prompt + committed tokens, and no attention, MLP or lm_head runs again.
-A round that keeps every scored position restores nothing and replays nothing.
+The replay feeds each stateful mixer (the Mamba, conv or lightning block of a decoder layer) the inputs it received
+for the kept positions in the score pass: by causality those inputs do not depend on the rejected positions, so the
+mixers end in the state of prompt + committed tokens, and no attention, MLP or lm_head runs again. A round that keeps
+every scored position restores nothing and replays nothing.
 
 Where transformers cannot continue a cached sequence with several tokens at once (Jamba's Mamba layers start their
 selective scan from zero on a multi-token forward), the target scores one token at a time instead and keeps the
