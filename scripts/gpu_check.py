@@ -263,6 +263,7 @@ def check_stateful(device: str) -> None:
     from dspark_cli.runtime.model.target_state import MixerReplay, StateSnapshot, crop_attention, stateful_mixers
 
     hidden, layers = (1024, 8) if device == "cuda" else (256, 4)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # parity in true float32
     target = hybrid_target(device, hidden, layers)
     report(f"stateful: the Gated DeltaNet score pass is installed ({device})", target.state.gated_deltanet is not None)
     gen = torch.Generator().manual_seed(1)
