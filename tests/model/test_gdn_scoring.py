@@ -11,6 +11,8 @@ a score pass, and its rollback as a copy of the state at the kept position.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from stateful_factory import tiny_stateful_model
@@ -145,3 +147,19 @@ def test_only_gated_deltanet_mixers_are_taken_over(models):
     assert target.state.gated_deltanet is None and target.state.replay is not None
     assert not any(is_gated_deltanet(module) for module in lfm2.modules())
     assert sum(is_gated_deltanet(module) for module in models["qwen3_next"].modules()) == 3
+
+
+def test_targets_built_on_one_model_share_one_forward_and_keep_their_own_blocks(models):
+    model = models["qwen3_next"]
+    first, second = TargetModel(model, (1,)), TargetModel(model, (1,))
+    for mixer in first.state.gated_deltanet.mixers:  # one routing forward around transformers' own, not two nested
+        assert inspect.getclosurevars(mixer.forward).nonlocals["original"].__func__ is type(mixer).forward
+    first.prefill(torch.tensor(PROMPT))
+    second.prefill(torch.tensor(PROMPT[:5]))
+    first.score(torch.tensor(BLOCK))
+    second.score(torch.tensor(BLOCK[:3]))
+    first.crop(len(PROMPT) + 1)
+    second.crop(5 + 2)
+    for target, ids in ((first, PROMPT + BLOCK[:1]), (second, PROMPT[:5] + BLOCK[:2])):
+        for name, reference in reference_cache(model, ids).items():
+            torch.testing.assert_close(cache_tensors(target.cache)[name], reference, rtol=1e-5, atol=1e-5)

@@ -26,6 +26,7 @@ generic rollback (model/target_state.py).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -107,7 +108,7 @@ class ScoredLayer:
         self.recurrent_state.copy_(self.block.state_after(kept)[None])
 
 
-@dataclass
+@dataclass(eq=False)
 class ScorePass:
     """The Gated DeltaNet mixers of one target, run by dspark during its score passes.
 
@@ -121,13 +122,19 @@ class ScorePass:
 
     @classmethod
     def install(cls, mixers: list[nn.Module]) -> "ScorePass | None":
-        """Put dspark's score-pass forward on every mixer; None (nothing installed) unless all are Gated DeltaNet
-        mixers in a layout this module knows."""
+        """Route every mixer's score passes to a new ScorePass; None (nothing installed) unless all are Gated
+        DeltaNet mixers in a layout this module knows. A mixer gets one forward of dspark's the first time; each
+        TargetModel built on the same model adds its ScorePass to that mixer's set (held weakly)."""
         if not mixers or not all(is_gated_deltanet(mixer) for mixer in mixers):
             return None
         scoring = cls(list(mixers))
         for mixer in mixers:
-            mixer.forward = scoring._forward_of(mixer, mixer.forward)
+            passes = mixer.__dict__.get(PASSES)
+            if passes is None:
+                passes = weakref.WeakSet()
+                mixer.__dict__[PASSES] = passes
+                mixer.forward = _routing_forward(mixer, mixer.forward, passes)
+            passes.add(scoring)
         return scoring
 
     def start(self) -> None:
@@ -144,17 +151,26 @@ class ScorePass:
             for layer in layers:
                 layer.keep(kept)
 
-    def _forward_of(self, mixer: nn.Module, original):
-        def forward(hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
-            cache = cache if cache is not None else cache_params
-            if not self.active or cache is None:
-                return original(hidden_states, cache, attention_mask=attention_mask, **kwargs)
-            output, layer = score_mixer(mixer, hidden_states, cache, attention_mask)
-            self.layers.append(layer)
-            self.scored = hidden_states.shape[1]
-            return output
+    def score(self, mixer: nn.Module, hidden: torch.Tensor, cache, attention_mask) -> torch.Tensor:
+        output, layer = score_mixer(mixer, hidden, cache, attention_mask)
+        self.layers.append(layer)
+        self.scored = hidden.shape[1]
+        return output
 
-        return forward
+
+PASSES = "_dspark_score_passes"  # the mixer's set of ScorePass (one per TargetModel built on the model)
+
+
+def _routing_forward(mixer: nn.Module, original, passes: weakref.WeakSet):
+    """The mixer's forward: dspark's score pass while one of its ScorePasses is active, transformers' otherwise."""
+    def forward(hidden_states: torch.Tensor, cache=None, attention_mask=None, cache_params=None, **kwargs):
+        cache = cache if cache is not None else cache_params
+        scoring = next((scoring for scoring in passes if scoring.active), None) if cache is not None else None
+        if scoring is None:
+            return original(hidden_states, cache, attention_mask=attention_mask, **kwargs)
+        return scoring.score(mixer, hidden_states, cache, attention_mask)
+
+    return forward
 
 
 def score_mixer(mixer: nn.Module, hidden: torch.Tensor, cache, attention_mask: torch.Tensor | None
