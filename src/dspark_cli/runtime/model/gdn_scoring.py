@@ -86,8 +86,7 @@ def delta_rule_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     weighted_keys = key * beta[..., None]  # [H, T, Dk]
     system = ((weighted_keys @ key.transpose(1, 2)) * decay).tril(-1)  # A [H, T, T], strictly lower
     targets = value * beta[..., None] - (weighted_keys * log_decay.exp()[..., None]) @ start  # [H, T, Dv]
-    updates = torch.linalg.solve_triangular(system + torch.eye(length, device=key.device), targets, upper=False,
-                                            unitriangular=True)  # u [H, T, Dv]
+    updates = torch.linalg.solve_triangular(system, targets, upper=False, unitriangular=True)  # u [H, T, Dv]: I + A
     out = (query * log_decay.exp()[..., None]) @ start + ((query @ key.transpose(1, 2)) * decay) @ updates
     return out.transpose(0, 1), DeltaBlock(start, key, updates, decay, log_decay)  # [T, H, Dv]
 
