@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/profile_round.py                  # the demo pair, one thread, T = 0 and 0.7
 
 Runs speculative_generate on the demo pair (128 new tokens, three prompts, after one warm-up pass), reads the
-loop's SectionTimer records (ms per step per round), then repeats the run under torch.profiler with each step
-wrapped in a record_function, and counts the aten ops (nested ones included) under each step per round.
+loop's SectionTimer records (ms per step per round and its share of the round), then repeats the run under
+torch.profiler with each step wrapped in a record_function, and counts the aten ops (nested ones included) under
+each step per round.
 docs/generate.md ("Where a round's time goes") quotes its output.
 """
 
@@ -83,10 +84,12 @@ def main() -> None:
         ) as prof:
             rounds = sum(len(stats.rounds) for stats in run())
         ops = ops_per_step(prof, rounds)
+        total = sum(ms.values())
         print(f"T={temperature}: {rounds} rounds; per round:")
         for name in [*ms, "outside the steps"]:
-            print(f"  {name:<18} {ms.get(name, 0.0):8.3f} ms {ops.get(name, 0.0):8.0f} aten ops")
-        print(f"  {'all':<18} {sum(ms.values()):8.3f} ms {sum(ops.values()):8.0f} aten ops")
+            print(f"  {name:<18} {ms.get(name, 0.0):8.3f} ms {ms.get(name, 0.0) / total:6.1%} "
+                  f"{ops.get(name, 0.0):8.0f} aten ops")
+        print(f"  {'all':<18} {total:8.3f} ms {1:6.1%} {sum(ops.values()):8.0f} aten ops")
 
 
 if __name__ == "__main__":

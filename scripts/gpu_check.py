@@ -11,6 +11,12 @@ Needs torch with CUDA, triton, typer and rich (not ModelOpt); dspark is imported
 2. `dspark bench markov --device cuda --batch 1,8,32,128 --topk 64 --format bf16,nvfp4 --temperature 0,1` with
    --json and --plot into DIR, then the fused walk against the graphed per-position NVFP4 path and its lower bound;
    then the same bench with a random gated and a random RNN head (B = 1, 8, 32, greedy; no fused rows).
+3. The stateful path on a random Qwen3.5-style hybrid (hidden 1024, 8 layers, 3 Gated DeltaNet to 1 attention,
+   float32): dspark's Gated DeltaNet score pass (model/gdn_scoring.py) against transformers' own forward (logits
+   and final states), the rollback to every kept position against a fresh target that read only that prefix, then
+   timings: one decoding step, the score pass over k = 1..8 both ways, and the rollback (a copy) against the
+   previous scheme (restore a snapshot + re-run the mixers).
+   `--stateful-only --device cpu` runs this part alone on a CPU (a smaller model).
 Prints everything; exit code 1 if any check failed.
 """
 
@@ -207,11 +213,137 @@ def summarize(doc: dict) -> None:
               f"{row['lower_bound_us']:>9.1f} {fused_us / row['lower_bound_us']:>7.2f}x")
 
 
+def hybrid_target(device: str, hidden: int, layers: int):
+    """A random Qwen3.5-style text model (3 Gated DeltaNet layers to 1 attention layer) as a dspark TargetModel."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from dspark_cli.runtime.model.target import TargetModel
+
+    heads = hidden // 128
+    config = Qwen3_5TextConfig(
+        vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), head_dim=128,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        linear_num_value_heads=2 * heads, linear_num_key_heads=heads, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(config).to(device).eval()
+    with torch.no_grad():  # louder mixers: a state left wrong shows far above float32 noise
+        for name, module in model.named_modules():
+            if name.endswith("linear_attn.out_proj"):
+                module.weight.mul_(8.0)
+    return TargetModel(model, (1,))
+
+
+def linear_states(cache) -> list[torch.Tensor]:
+    return [state for layer in cache.layers for states in (getattr(layer, "conv_states", None),
+                                                           getattr(layer, "recurrent_states", None))
+            if isinstance(states, dict) for state in states.values() if state is not None]
+
+
+def device_seconds(run, device: str, reps: int, before=None) -> float:
+    """Median seconds of run() (synchronized on CUDA), `before` untimed ahead of each."""
+    times = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - began)
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def check_stateful(device: str) -> None:
+    from dspark_cli.runtime.model.target import TargetModel
+    from dspark_cli.runtime.model.target_state import MixerReplay, StateSnapshot, crop_attention, stateful_mixers
+
+    hidden, layers = (1024, 8) if device == "cuda" else (256, 4)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # parity in true float32
+    target = hybrid_target(device, hidden, layers)
+    report(f"stateful: the Gated DeltaNet score pass is installed ({device})", target.state.gated_deltanet is not None)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 4096, (256,), generator=gen).to(device)
+    block = torch.randint(0, 4096, (8,), generator=gen).to(device)
+    reference = TargetModel(target.model)
+    reference.prefill_plain(prompt)
+    expected = reference._forward(block, capture=False)  # transformers' own forward (fla kernels where installed)
+    target.prefill(prompt)
+    logits, _ = target.score(block)
+    error = (logits - expected).abs().max().item()
+    report("stateful: score-pass logits == transformers' forward", error < 1e-3, f"max |diff| {error:.1e}")
+    error = max((a - b).abs().max().item() for a, b in zip(linear_states(target.cache),
+                                                             linear_states(reference.cache)))
+    report("stateful: states after the score pass == transformers'", error < 1e-3, f"max |diff| {error:.1e}")
+    worst = 0.0
+    for keep in range(len(block) + 1):
+        target.prefill(prompt)
+        target.score(block)
+        target.crop(len(prompt) + keep)
+        fresh = TargetModel(target.model)
+        fresh.prefill_plain(torch.cat([prompt, block[:keep]]))
+        worst = max([worst] + [(a - b).abs().max().item() for a, b in zip(linear_states(target.cache),
+                                                                           linear_states(fresh.cache))])
+        worst = max(worst, (target.decode_one(5) - fresh.decode_one(5)).abs().max().item())
+    report("stateful: rollback to every kept position == a fresh target's states and next logits", worst < 1e-3,
+           f"max |diff| {worst:.1e}")
+
+    reps = 20
+    target.prefill_plain(prompt)
+    step = device_seconds(lambda: target.decode_one(7), device, reps)
+    print(f"stateful timings ({device}, hidden {hidden} x {layers} layers, 256-token prompt, median of {reps}): "
+          f"one decoding step {step * 1e3:.2f} ms")
+    print(f"{'k':>3} {'dspark score ms':>16} {'x step':>7} {'transformers ms':>16} {'x step':>7}")
+    for k in range(1, 9):
+        def fresh() -> None:
+            target.prefill(prompt)
+
+        ours = device_seconds(lambda: target.score(block[:k]), device, reps, fresh)
+        theirs = device_seconds(lambda: target.model(input_ids=block[None, :k], use_cache=True, position_ids=torch.arange(
+            len(prompt), len(prompt) + k, device=device)[None], **{target.cache_kwarg: target.cache}), device, reps,
+            fresh)
+        print(f"{k:>3} {ours * 1e3:>16.2f} {ours / step:>7.2f} {theirs * 1e3:>16.2f} {theirs / step:>7.2f}")
+    replay = MixerReplay.install(stateful_mixers(target.model, target.family))
+    saved: list = []
+
+    def score_then(run_before) -> None:
+        target.prefill(prompt)
+        run_before()
+
+    def previous_scheme_score() -> None:
+        saved[:] = [StateSnapshot.take(target.cache)]
+        replay.start()
+        target.model(input_ids=block[None], use_cache=True, position_ids=torch.arange(
+            len(prompt), len(prompt) + len(block), device=device)[None], **{target.cache_kwarg: target.cache})
+        replay.stop()
+
+    def previous_scheme_keep() -> None:
+        saved[0].restore()
+        replay.run(3, len(block))
+        crop_attention(target.cache, len(prompt) + 3)
+
+    copy = device_seconds(lambda: target.crop(len(prompt) + 3), device, reps,
+                          lambda: score_then(lambda: target.score(block)))
+    previous = device_seconds(previous_scheme_keep, device, reps, lambda: score_then(previous_scheme_score))
+    print(f"rollback keeping 3 of 8 scored positions: copy (dspark) {copy * 1e3:.3f} ms, restore + mixer replay "
+          f"{previous * 1e3:.2f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
+    parser.add_argument("--stateful-only", action="store_true", help="run part 3 alone")
+    parser.add_argument("--device", default="cuda", help="the device of --stateful-only (cuda or cpu)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.stateful_only:
+        check_stateful(args.device)
+        print(f"\n{len(failures)} failure(s){': ' + ', '.join(failures) if failures else ''}")
+        return 1 if failures else 0
     if not torch.cuda.is_available():
         print("no CUDA device: this script checks the GPU path only")
         return 1
@@ -233,6 +365,7 @@ def main() -> int:
     del heads, weight
     torch.cuda.empty_cache()
     run_bench(args.out)
+    check_stateful("cuda")
     print(f"\n{len(failures)} failure(s){': ' + ', '.join(failures) if failures else ''}; "
           f"total {time.perf_counter() - began:.0f} s")
     return 1 if failures else 0

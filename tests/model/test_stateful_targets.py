@@ -187,7 +187,8 @@ def test_greedy_speculative_equals_target_greedy_for_every_acceptance_length(mod
 
 
 def test_rounds_that_keep_every_position_restore_and_replay_nothing(models, trained, monkeypatch):
-    target, draft = loaded_pair(models["qwen3_5"], trained["qwen3_5"][1])
+    """The replay scheme (every block-scoring family but the Gated DeltaNet ones), on Bamba."""
+    target, draft = loaded_pair(models["bamba"], trained["bamba"][1])
     plain = speculative.autoregressive_generate(target, PROMPT, GREEDY, max_new_tokens=20)
     planned_proposals(monkeypatch, PROMPT + plain.tokens, 3)
     restored, replayed = [], []

@@ -17,9 +17,10 @@ target cache length == draft context length == p, the committed positions before
   accept   accept_block keeps a prefix: exact match with the target's argmax at T = 0, rejection sampling with
            q at T > 0 (sampling.accept); one more token follows (the correction or the bonus);
   commit   the accepted prefix and that token join the output (up to an accepted stop token);
-  rollback crop the target cache to p + accepted + 1; a stateful target (model/target_state.py) restores the
-           recurrent / conv states it copied before the score pass (`snapshot`) and re-advances them over the kept
-           positions; a round that keeps every scored position restores nothing;
+  rollback crop the target cache to p + accepted + 1; a Gated DeltaNet target copies in its states at that
+           position (kept by its score pass, model/gdn_scoring.py); another stateful target (model/target_state.py)
+           restores the recurrent / conv states it copied before the score pass (`snapshot`) and re-advances them
+           over the kept positions; a round that keeps every scored position restores nothing;
   advance  append the draft context K/V of the anchor and the accepted tokens (their features come from the
            score pass): target and draft both hold p + accepted + 1 again.
 Counts: n_draft (= block_size) positions are drafted, n_scored <= n_draft of them scored. Query-block K/V are never
@@ -244,7 +245,7 @@ def _record(proposed: int, accepted: int, emitted: int, drafted: int, confidence
 
 def rollback(target, context: DraftContext, accepted: int) -> None:
     """Drop the rejected positions from the target: its cache then holds context.length + accepted + 1 positions
-    (attention K/V cropped; a stateful target's states restored and re-advanced, model/target_state.py)."""
+    (attention K/V cropped; a stateful target's states set to that position, model/target_state.py)."""
     target.crop(context.length + accepted + 1)
 
 

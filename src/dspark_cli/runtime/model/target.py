@@ -194,12 +194,13 @@ class TargetModel:
             self.state.after_position(self.cache)
         return torch.stack(logits), torch.cat(features)  # [k+1, V], [k+1, n*Ht]
 
-    @torch.inference_mode()
     def save_state(self) -> None:
-        """Snapshot a stateful target's recurrent / conv states before the next score (a no-op for attention-only
-        targets); score() takes it itself when not called first. The speculative loop times it as `snapshot`."""
-        if self.state is not None and self.family.block_scoring:
-            self.state.save(self.cache, self.length)
+        """Snapshot a stateful target's recurrent / conv states before the next score where its rollback needs one
+        (a no-op for attention-only and Gated DeltaNet targets, without entering inference mode: the loop calls it
+        every round); score() takes it itself when not called first. The speculative loop times it as `snapshot`."""
+        if self.state is not None and self.state.needs_snapshot:
+            with torch.inference_mode():
+                self.state.save(self.cache, self.length)
 
     @torch.inference_mode()
     def decode_one(self, token: int) -> torch.Tensor:
@@ -213,12 +214,12 @@ class TargetModel:
         self.cache = self._new_cache()
         return self._forward(prompt_ids, capture=False, logits_to_keep=1)[-1]
 
-    @torch.inference_mode()
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions (a negative delta: portable across transformers 5.x).
 
-        A stateful target can only go back into its last scored block: its states are restored to the block's
-        start and re-advanced over the kept positions (target_state.StateRollback.keep)."""
+        A stateful target can only go back into its last scored block: its states are set to those at the kept
+        position (target_state.StateRollback.keep). An attention-only crop slices the K/V (views): no inference
+        mode to enter."""
         excess = self.cache_length - length
         if excess < 0:
             raise ValueError(f"cannot crop the target cache to {length}: it holds only {self.cache_length} positions")
@@ -233,7 +234,8 @@ class TargetModel:
                 if length < scored.start:
                     raise ValueError(f"cannot crop the {self.family.name} target to {length}: its last scored block "
                                      f"starts at {scored.start}")
-                self.state.keep(self.cache, length - scored.start)
+                with torch.inference_mode():  # the states are inference tensors, written in place
+                    self.state.keep(self.cache, length - scored.start)
         self.length = length
 
     # --- internals -------------------------------------------------------------------------------------------------

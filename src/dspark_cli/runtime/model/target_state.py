@@ -3,17 +3,24 @@
 A round scores [anchor, d_1..d_n] in one forward. Attention layers keep one K/V entry per position and are simply
 cropped, but a Gated DeltaNet, Mamba, short-convolution or lightning-attention layer folds every scored token into
 one fixed-size state, so after accepting m draft tokens that state has seen n - m tokens too many. dspark restores it
-exactly (docs/stateful.md has the measurements behind this choice):
+exactly (docs/stateful.md has the measurements behind each choice), one of three ways (StateRollback):
+
+Gated DeltaNet targets (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): dspark runs the mixers itself during a score pass
+(model/gdn_scoring.py: one unpadded chunk instead of transformers' 64-position one) and keeps what it needs to form
+the state after any scored position, so the rollback is a copy of the state at the kept position: no snapshot before
+the score pass, no replay after it.
+
+Other targets that continue a cached sequence with a block (Mamba2 hybrids, LFM2, MiniMax):
 
     states = StateSnapshot.take(cache)     # before the score pass: one copy of every state tensor (no forward)
     ... score n + 1 tokens, accept m ...
     states.restore()                       # the states as they were before the score pass (copied in place)
     replay.run(keep=m + 1)                 # re-advance only the stateful mixers over the kept positions
 
-The replay feeds each stateful mixer (the Gated DeltaNet, Mamba or conv block of a decoder layer) the inputs it
-received for the kept positions in the score pass: by causality those inputs do not depend on the rejected
-positions, so the mixers end in the state of prompt + committed tokens, and no attention, MLP or lm_head runs again.
-A round that keeps every scored position restores nothing and replays nothing.
+The replay feeds each stateful mixer (the Mamba, conv or lightning block of a decoder layer) the inputs it received
+for the kept positions in the score pass: by causality those inputs do not depend on the rejected positions, so the
+mixers end in the state of prompt + committed tokens, and no attention, MLP or lm_head runs again. A round that keeps
+every scored position restores nothing and replays nothing.
 
 Where transformers cannot continue a cached sequence with several tokens at once (Jamba's Mamba layers start their
 selective scan from zero on a multi-token forward), the target scores one token at a time instead and keeps the
@@ -35,6 +42,7 @@ from torch import nn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.stateful import FAMILIES, Family, supported_names
+from dspark_cli.runtime.model.gdn_scoring import ScorePass
 
 
 def text_model_type(config) -> str:
@@ -170,19 +178,7 @@ class MixerReplay:
     recording: bool = False
 
     @classmethod
-    def install(cls, model: nn.Module, family: Family) -> "MixerReplay":
-        config = model.config.get_text_config()
-        layer_types = getattr(config, "layer_types", None)
-        mixers = []
-        for index, layer in enumerate(model.get_decoder().layers):
-            if family.only_layer_type is not None and layer_types[index] != family.only_layer_type:
-                continue
-            mixer = getattr(layer, family.mixer, None)
-            if mixer is not None:
-                mixers.append(mixer)
-        if not mixers:
-            raise DsparkError(f"the {family.name} target has no `{family.mixer}` mixer in its decoder layers; its "
-                              "transformers version lays the model out differently from what dspark rolls back.")
+    def install(cls, mixers: list[nn.Module]) -> "MixerReplay":
         replay = cls()
         for mixer in mixers:
             mixer.register_forward_pre_hook(replay._record, with_kwargs=True)
@@ -211,6 +207,23 @@ class MixerReplay:
         for module, args, kwargs in self.calls:
             module(*[cut(a) for a in args], **{k: cut(v) for k, v in kwargs.items()})
         self.calls = []
+
+
+def stateful_mixers(model: nn.Module, family: Family) -> list[nn.Module]:
+    """The stateful mixer of every decoder layer that has one (family.mixer; on family.only_layer_type layers)."""
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None)
+    mixers = []
+    for index, layer in enumerate(model.get_decoder().layers):
+        if family.only_layer_type is not None and layer_types[index] != family.only_layer_type:
+            continue
+        mixer = getattr(layer, family.mixer, None)
+        if mixer is not None:
+            mixers.append(mixer)
+    if not mixers:
+        raise DsparkError(f"the {family.name} target has no `{family.mixer}` mixer in its decoder layers; its "
+                          "transformers version lays the model out differently from what dspark rolls back.")
+    return mixers
 
 
 # --- which targets ----------------------------------------------------------------------------------------------
@@ -274,37 +287,56 @@ class ScoredBlock:
 
     start: int  # cache length before the block
     length: int  # positions scored
-    before: StateSnapshot  # the states at `start`
+    before: StateSnapshot | None  # the states at `start` (None: the Gated DeltaNet score pass keeps its own)
     after: list[StateSnapshot] | None = None  # one-at-a-time scoring: the states after each scored position
 
 
 class StateRollback:
-    """The stateful half of a TargetModel: state snapshots, the mixer replay, and the rollback itself."""
+    """The stateful half of a TargetModel: how it scores a block and keeps a prefix of it, one of three ways.
+
+    - Gated DeltaNet targets (Qwen3.5, Qwen3-Next): dspark runs the mixers itself during a score pass
+      (model/gdn_scoring.py) and sets their states to the kept position by a copy; no snapshot, no replay.
+    - other targets that can continue a cache with a block: snapshot, score, then restore + mixer replay.
+    - Jamba: one forward per scored token, the states after each kept (rollback is a copy)."""
 
     def __init__(self, model: nn.Module, family: Family):
         self.family = family
-        self.replay = MixerReplay.install(model, family) if family.block_scoring else None
+        mixers = stateful_mixers(model, family) if family.block_scoring else []
+        self.gated_deltanet = ScorePass.install(mixers)
+        self.replay = MixerReplay.install(mixers) if mixers and self.gated_deltanet is None else None
         self.saved: tuple[int, StateSnapshot] | None = None  # (cache length, snapshot) taken by save()
         self.scored: ScoredBlock | None = None
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """True where a score pass must be preceded by a copy of the states (the replay scheme)."""
+        return self.replay is not None
 
     def reset(self) -> None:
         self.saved = self.scored = None
 
     def save(self, cache, length: int) -> None:
         """Snapshot the states before a score pass at cache length `length` (the round's `snapshot` step)."""
-        if self.saved is None or self.saved[0] != length:
+        if self.needs_snapshot and (self.saved is None or self.saved[0] != length):
             self.saved = (length, StateSnapshot.take(cache))
 
     def begin_score(self, cache, start: int, length: int) -> None:
+        if self.gated_deltanet is not None:
+            self.scored = ScoredBlock(start, length, None)
+            self.gated_deltanet.start()
+            return
+        if self.replay is None:  # one at a time: the states before the block, then after each position
+            self.scored = ScoredBlock(start, length, StateSnapshot.take(cache), [])
+            return
         self.save(cache, start)
-        self.scored = ScoredBlock(start, length, self.saved[1], [] if self.replay is None else None)
+        self.scored = ScoredBlock(start, length, self.saved[1])
         self.saved = None
-        if self.replay is not None:
-            self.replay.start()
+        self.replay.start()
 
     def end_score(self) -> None:
-        if self.replay is not None:
-            self.replay.stop()
+        for scheme in (self.gated_deltanet, self.replay):
+            if scheme is not None:
+                scheme.stop()
 
     def after_position(self, cache) -> None:
         """One-at-a-time scoring: keep the states after the position just scored."""
@@ -313,14 +345,17 @@ class StateRollback:
     def keep(self, cache, keep: int) -> None:
         """Keep the first `keep` positions of the last scored block: attention K/V cropped, states exact."""
         block, self.scored = self.scored, None
-        if keep == block.length:  # every scored position stays: nothing to undo
+        if self.gated_deltanet is not None:
+            self.gated_deltanet.keep(keep)
+        elif keep == block.length:  # every scored position stays: nothing to undo
             if self.replay is not None:
                 self.replay.calls = []
             return
-        if block.after is not None:
+        elif block.after is not None:
             (block.after[keep - 1] if keep else block.before).restore()
         else:
             block.before.restore()
             if keep:
                 self.replay.run(keep, block.length)
-        crop_attention(cache, block.start + keep)
+        if keep < block.length:
+            crop_attention(cache, block.start + keep)
