@@ -7,7 +7,7 @@ Works on a temporary copy of src/ and tests/ (the checkout is never edited). Pri
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
-contract's, regen's and bench serve's (N1-N9).
+contract's, regen's and bench serve's (N1-N9), and the Gated DeltaNet score pass's (G1-G3).
 """
 
 from __future__ import annotations
@@ -255,6 +255,16 @@ MUTATIONS = [
         "\"/tokenize\"), \"/tokenize\"),")], "test_regen.py"),
     m("N9", "bench serve ignores llama.cpp's draft_n_accepted", "bench/engine_metrics.py",
       [("timings.get(\"draft_n_accepted\", 0)", "0")], "test_engine_metrics.py"),
+    # the Gated DeltaNet score pass (G1-G3)
+    m("G1", "the score pass keeps the state after the last scored position, not the accepted one",
+      "model/gdn_scoring.py", [("        if kept != self.scored:\n            for layer in layers:",
+                                 "        if False:\n            for layer in layers:")], "test_gdn_scoring.py"),
+    m("G2", "the conv state kept one position late", "model/gdn_scoring.py",
+      [("self.conv_window[..., kept : kept + width]", "self.conv_window[..., kept + 1 : kept + 1 + width]")],
+      "test_gdn_scoring.py"),
+    m("G3", "the kept recurrent state without the start state's decay", "model/gdn_scoring.py",
+      [("return (self.log_decay[:, kept - 1].exp()[:, None, None] * self.start",
+        "return (self.start")], "test_gdn_scoring.py"),
 ]
 
 
