@@ -96,6 +96,20 @@ def parse_json_text(
                     f"file does; {fix}.")
 
 
+def jsonl_records(data: bytes, path: Path, fix: str, *, invalid: str = "is not valid JSON"
+                  ) -> Iterator[tuple[str, Any]]:
+    """(where, record) for every non-blank line of JSONL bytes, where = "path:line"; a line that is not UTF-8 or not
+    JSON is one ReadError naming it (parse_json_text's sentence, with `fix`)."""
+    for number, raw in enumerate(data.splitlines(), start=1):
+        where = f"{path}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ReadError(f"{where}: not UTF-8 text; a JSONL file must be UTF-8.") from None
+        if line.strip():
+            yield where, parse_json_text(line, where, fix, invalid=invalid)
+
+
 def _json_depth_within(document: Any, limit: int) -> bool:
     """Whether at most `limit` objects/arrays nest in `document` ("[]" is 1 deep); iterative, so deep input is safe."""
     level, depth = [document], 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.io.reading import open_regular, parse_json_text
+from dspark_cli.runtime.io.reading import jsonl_records, open_regular
 from dspark_cli.runtime.measure.evaluation import read_prompt_set
 
 ROLES = ("system", "user", "assistant")
@@ -54,15 +54,7 @@ def read_conversations(path: Path) -> list[Conversation]:
     with open_regular(path, "prompt file") as handle:
         data = handle.read()
     conversations = []
-    for number, raw in enumerate(data.splitlines(), start=1):
-        where = f"{path}:{number}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DsparkError(f"{where}: not UTF-8 text; a prompt file must be UTF-8.") from None
-        if not line.strip():
-            continue
-        record = parse_json_text(line, where, "give one JSON record per line", invalid="is not JSON")
+    for where, record in jsonl_records(data, path, "give one JSON record per line", invalid="is not JSON"):
         conversations.append(Conversation(len(conversations), where, _messages(record, where)))
     if not conversations:
         raise DsparkError(f"{path} holds no prompts; give at least one record.")

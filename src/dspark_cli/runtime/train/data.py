@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.chat import bounded_render
-from dspark_cli.runtime.io.reading import parse_json_text
+from dspark_cli.runtime.io.reading import jsonl_records
 
 if TYPE_CHECKING:
     import torch
@@ -75,15 +75,7 @@ def _read_text(path: Path) -> str:
 
 def _read_jsonl(path: Path) -> list[Document]:
     documents = []
-    for line_no, raw in enumerate(path.read_bytes().splitlines(), 1):
-        where = f"{path}:{line_no}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DsparkError(f"{where}: not UTF-8 text; JSONL files must be UTF-8.") from None
-        if not line.strip():
-            continue
-        record = parse_json_text(line, where, "each line must be one JSON object")
+    for where, record in jsonl_records(path.read_bytes(), path, "each line must be one JSON object"):
         if isinstance(record, dict) and isinstance(record.get("token_ids"), list):
             documents.append(Document(where, token_ids=_token_ids(record["token_ids"], where)))
         elif isinstance(record, dict) and isinstance(record.get("text"), str):
