@@ -52,7 +52,42 @@ def main() -> None:
     # slower. Set before torch is imported (commands import it lazily); an explicit user setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     signal.signal(signal.SIGTERM, _raise_terminated)
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if done.code and _one_of_many_ranks():
+            _exit_at_once(done.code)
+        raise
+
+
+RANK_EXIT_GRACE_S = 3.0  # how long a failing rank waits for its peers to fail alike before it exits
+
+
+def _one_of_many_ranks() -> bool:
+    """Whether this process is one rank of a torchrun job (torchrun sets WORLD_SIZE for each rank)."""
+    size = os.environ.get("WORLD_SIZE", "1")
+    return size.isdigit() and int(size) > 1
+
+
+def _exit_at_once(code: object) -> None:
+    """End a failing rank of a torchrun job with the exit code it chose, whatever torchrun does meanwhile.
+
+    torchrun SIGTERMs every other rank as soon as one exits. A rank still tearing the interpreter down after printing
+    its refusal was then reported killed (-15), and a rank a moment behind was ended before it could say why. So a
+    failing rank skips the teardown (its outputs were cleaned up while the error unwound), waits RANK_EXIT_GRACE_S
+    for the others to reach the same refusal, and a SIGTERM in that wait ends it with its own code."""
+    import sys
+    import time
+
+    status = code if isinstance(code, int) else 1
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(status))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    time.sleep(RANK_EXIT_GRACE_S)
+    os._exit(status)
 
 
 def _raise_terminated(signum, frame) -> None:
