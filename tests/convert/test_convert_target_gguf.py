@@ -159,6 +159,9 @@ def test_pre_tokenizer_is_named_by_its_regex(tmp_path, pre_tokenizer, ignore_mer
     tokenizer = {**TOKENIZER, "pre_tokenizer": pre_tokenizer,
                  "model": {**TOKENIZER["model"], "ignore_merges": ignore_merges}}
     assert pre_tokenizer_name(tmp_path / "tokenizer.json", tokenizer) == name
+    target = _target_copy(tmp_path, tokenizer={"pre_tokenizer": pre_tokenizer, "model": tokenizer["model"]})
+    convert_target_to_gguf(str(target), tmp_path / "t.gguf")
+    assert _value(gguf.GGUFReader(tmp_path / "t.gguf"), "tokenizer.ggml.pre") == name
 
 
 @pytest.mark.parametrize(("pre_tokenizer", "ignore_merges", "match"), [

@@ -38,3 +38,41 @@ def test_llamacpp_matches_dspark(tmp_path):
     # still give identical tokens (verification is lossless) but 0.250 in llama.cpp.
     assert abs(report["acceptance_llamacpp"] - report["acceptance_dspark"]) < 0.015
     assert run.returncode == 0
+
+
+def _split(regex: str) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+
+
+@pytest.mark.parametrize(("regex", "ignore_merges", "pre"), [("QWEN2_REGEX", False, "qwen2"),
+                                                             ("LLAMA3_REGEX", True, "llama-bpe")])
+def test_pre_tokenizer_named_by_regex_tokenizes_as_hf(tmp_path, regex, ignore_merges, pre):
+    """The demo target with its tokenizer.json re-split by a real Qwen3's (Llama 3's) regex: dspark names it qwen2
+    (llama-bpe), and llama-server's /tokenize equals the HF tokenizer's ids on texts that tell them apart."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from dspark_cli.runtime.convert import gguf_vocab
+    from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf
+    from dspark_cli.runtime.demo import DEMO_DIR
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from llamacpp_check import SPLIT_TEXTS, demo_prompts, tokenize
+    from llamacpp_server import llama_server
+
+    target = tmp_path / "target"
+    shutil.copytree(DEMO_DIR / "target", target)
+    data = json.loads((target / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = _split(getattr(gguf_vocab, regex))
+    data["model"]["ignore_merges"] = ignore_merges
+    (target / "tokenizer.json").write_text(json.dumps(data))
+    summary = convert_target_to_gguf(str(target), tmp_path / "t.gguf")
+    assert summary["pre_tokenizer"] == pre
+    hf = Tokenizer.from_file(str(target / "tokenizer.json"))
+    texts = SPLIT_TEXTS + demo_prompts(4)
+    with llama_server(tmp_path / "t.gguf", server=SERVER) as url:
+        for text in texts:
+            assert tokenize(url, text) == hf.encode(text, add_special_tokens=False).ids, text
