@@ -208,6 +208,7 @@ def test_untied_target_writes_output_weight(tmp_path):
     ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]}, {}, "stateful Qwen3-Next"),
     ({"text_config": {"model_type": "qwen3"}}, {}, "multimodal"),
     ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, {}, "'llama' model"),
+    ({"attention_bias": True}, {}, "biases, which llama.cpp's qwen3 model does not load"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, {}, "rope scaling is 'yarn'"),
     ({"use_sliding_window": True}, {}, "sliding-window"),
     ({"tie_word_embeddings": False}, {}, "no tensor for llama.cpp's output.weight"),
@@ -238,3 +239,33 @@ def test_cli_tells_a_target_from_a_draft(tmp_path):
     target = _target_copy(tmp_path, config={"use_sliding_window": True})
     result = CliRunner().invoke(app, ["convert", str(target), "-o", str(tmp_path / "s.gguf"), "--to", "gguf"])
     assert result.exit_code == 2 and "sliding-window" in result.output and "Traceback" not in result.output
+
+
+def test_qwen2_target_has_biases_and_no_qk_norms(tmp_path):
+    """A Qwen2 (float32, untied): llama.cpp's qwen2 keys, Q/K/V biases as blk.N.attn_{q,k,v}.bias, no Q/K norms,
+    every tensor F32 and equal to the model's parameter."""
+    from target_factory import qwen2_tensors, write_qwen2
+
+    folder = write_qwen2(tmp_path / "qwen2")
+    out = tmp_path / "q.gguf"
+    convert_target_to_gguf(str(folder), out)
+    reader = gguf.GGUFReader(out)
+    assert _value(reader, "general.architecture") == "qwen2" and _value(reader, "qwen2.block_count") == 2
+    assert _value(reader, "qwen2.attention.head_count_kv") == 2 and _value(reader, "general.file_type") == 0
+    tensors = {t.name: t for t in reader.tensors}
+    params = qwen2_tensors()
+    expected = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+    for i in range(2):
+        for hf, ours in LAYER_NAMES.items():
+            if not hf.endswith("_norm") or "layernorm" in hf:
+                expected[f"blk.{i}.{ours}.weight"] = f"model.layers.{i}.{hf}.weight"
+        for x in "qkv":
+            expected[f"blk.{i}.attn_{x}.bias"] = f"model.layers.{i}.self_attn.{x}_proj.bias"
+    assert set(tensors) == set(expected)
+    for name, source in expected.items():
+        assert tensors[name].tensor_type == gguf.GGMLQuantizationType.F32
+        assert np.array_equal(_as_float(tensors[name]), params[source].numpy()), name
+    _with_tensors(folder, model__layers__1__self_attn__v_proj__bias=None)
+    with pytest.raises(DsparkError, match="no tensor for llama.cpp's blk.1.attn_v.bias"):
+        convert_target_to_gguf(str(folder), tmp_path / "r.gguf")

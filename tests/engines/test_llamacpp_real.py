@@ -76,3 +76,30 @@ def test_pre_tokenizer_named_by_regex_tokenizes_as_hf(tmp_path, regex, ignore_me
     with llama_server(tmp_path / "t.gguf", server=SERVER) as url:
         for text in texts:
             assert tokenize(url, text) == hf.encode(text, add_special_tokens=False).ids, text
+
+
+def test_qwen2_target_greedy_equals_transformers(tmp_path):
+    """A tiny random Qwen2 (float32, Q/K/V biases, untied head, the demo tokenizer) as dspark's qwen2 GGUF:
+    llama-server's greedy tokens equal transformers' on the demo prompts. llama.cpp runs with an F32 KV cache and
+    without flash attention (its CPU flash attention rounds to F16): with the defaults, one prompt of eight flips
+    a 0.006-logit near-tie."""
+    import torch
+
+    from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf
+    from dspark_cli.runtime.pair import load_tokenizer
+
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from llamacpp_check import complete, demo_prompts
+    from llamacpp_server import llama_server
+    from target_factory import tiny_qwen2
+
+    model, folder = tiny_qwen2(tmp_path / "qwen2")
+    assert convert_target_to_gguf(str(folder), tmp_path / "t.gguf")["architecture"] == "qwen2"
+    tokenizer = load_tokenizer(str(folder))
+    with llama_server(tmp_path / "t.gguf", server=SERVER, extra=["-ctk", "f32", "-ctv", "f32", "-fa", "off"]) as url:
+        for text in demo_prompts(8):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            with torch.no_grad():
+                ours = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+            assert complete(url, ids, 24)["tokens"] == ours[0, len(ids):].tolist(), text

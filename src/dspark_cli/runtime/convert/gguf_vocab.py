@@ -142,9 +142,10 @@ def split_regexes(path: Path, tokenizer: dict) -> list[str]:
 
 def _check_bpe(path: Path, tokenizer: dict, model: dict) -> None:
     normalizer = (tokenizer.get("normalizer") or {}).get("type")
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) or not model["vocab"] \
-            or not isinstance(model.get("merges"), list) or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
-            or model.get("end_of_word_suffix"):
+    extras = ("byte_fallback", "continuing_subword_prefix", "end_of_word_suffix")
+    plain = isinstance(model.get("vocab"), dict) and model["vocab"] and isinstance(model.get("merges"), list) \
+        and not any(model.get(key) for key in extras)
+    if model.get("type") != "BPE" or not plain:
         raise DsparkError(f"{path} is not a plain byte-level BPE tokenizer (model type {model.get('type')!r}), the "
                           "only kind dspark writes into a GGUF; convert this model with llama.cpp's own converter.")
     if normalizer not in NORMALIZERS:
