@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
 @handle_errors
 def convert(
     draft: str = typer.Argument(..., metavar="DRAFT", help="Draft checkpoint folder (DeepSpec or speculators); "
-                                "for --to gguf also a target folder (a Qwen3 model), converted without --target."),
+                                "for --to gguf also a target folder (a Qwen3 or Qwen2 model), converted without "
+                                "--target."),
     out: Path = typer.Option(..., "--out", "-o", help="Output file or folder (written atomically; must not exist)."),
     to: Format = typer.Option(
         ..., "--to", help="gguf: llama.cpp's dflash GGUF for a draft (llama-server -md with --spec-type "
