@@ -165,7 +165,7 @@ def test_pre_tokenizer_is_named_by_its_regex(tmp_path, pre_tokenizer, ignore_mer
 
 
 @pytest.mark.parametrize(("pre_tokenizer", "ignore_merges", "match"), [
-    (_split(r"\p{N}{1,3}| ?\p{L}+"), False, r"regex '\\\\p\{N\}\{1,3\}\| \?\\\\p\{L\}\+'"),
+    (_split(r"\p{N}{1,3}| ?\p{L}+"), False, r"regex `\\p\{N\}\{1,3\}\| \?\\p\{L\}\+`"),
     (_split(LLAMA3_REGEX), False, "ignore_merges False"),  # llama.cpp's llama-bpe always ignores merges
     ({"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}, False, "pre-tokenizer step"),
     ({"type": "Whitespace"}, False, "pre-tokenizer step"),

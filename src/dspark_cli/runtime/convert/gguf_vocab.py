@@ -111,7 +111,8 @@ def pre_tokenizer_name(path: Path, tokenizer: dict) -> str:
         if pre.regexes == regexes and pre.ignore_merges == ignore_merges:
             return pre.name
     names = ", ".join(pre.name for pre in PRE_TOKENIZERS)
-    raise DsparkError(f"{path} pre-tokenizes with the regex {' then '.join(map(repr, regexes))} (ignore_merges "
+    shown = " then ".join(f"`{regex}`" for regex in regexes) or "none"
+    raise DsparkError(f"{path} pre-tokenizes with the regex {shown} (ignore_merges "
                       f"{ignore_merges}), which is none of the llama.cpp pre-tokenizers dspark writes ({names}), so "
                       "llama.cpp would split text differently; convert this model with llama.cpp's own converter.")
 
