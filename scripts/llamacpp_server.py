@@ -34,15 +34,16 @@ SERVER = CACHE / "build" / "bin" / "llama-server"
 
 
 def available() -> bool:
-    """Whether the llama.cpp build (its llama-server and its source tree, for the target converter) is there."""
-    return SERVER.is_file() and (CACHE / "src" / "convert_hf_to_gguf.py").is_file()
+    """Whether the llama.cpp build (its llama-server) is there."""
+    return SERVER.is_file()
 
 
 def demo_gguf(work_dir: Path) -> tuple[Path, Path]:
-    """The demo pair as GGUF files in work_dir: (target.gguf, draft.gguf). The target goes through
-    scripts/convert_target_llamacpp.py (llama.cpp's converter), the draft through `dspark convert --to gguf`'s
-    library half. Files already there are reused; new ones are written beside and renamed into place."""
+    """The demo pair as GGUF files in work_dir: (target.gguf, draft.gguf), both written by `dspark convert --to
+    gguf`'s library half (runtime/convert/target_gguf.py and gguf.py). Files already there are reused; new ones
+    are written beside and renamed into place."""
     from dspark_cli.runtime.convert.gguf import convert_to_gguf
+    from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf
     from dspark_cli.runtime.demo import DEMO_DIR
 
     work_dir = Path(work_dir)
@@ -50,13 +51,11 @@ def demo_gguf(work_dir: Path) -> tuple[Path, Path]:
     target, draft = work_dir / "target.gguf", work_dir / "draft.gguf"
     if not target.is_file():
         partial = work_dir / f"target.{os.getpid()}.partial.gguf"
-        partial.unlink(missing_ok=True)
-        subprocess.run([sys.executable, str(ROOT / "scripts/convert_target_llamacpp.py"), str(DEMO_DIR / "target"),
-                        str(partial), "--llamacpp-src", str(CACHE / "src")], check=True, capture_output=True)
+        convert_target_to_gguf(str(DEMO_DIR / "target"), partial, force=True)
         partial.replace(target)
     if not draft.is_file():
         partial = work_dir / f"draft.{os.getpid()}.partial.gguf"
-        convert_to_gguf(str(DEMO_DIR / "draft"), partial, target=str(DEMO_DIR / "target"))
+        convert_to_gguf(str(DEMO_DIR / "draft"), partial, target=str(DEMO_DIR / "target"), force=True)
         partial.replace(draft)
     return target, draft
 

@@ -18,8 +18,8 @@ from dspark_cli.runtime.demo import DEMO_DIR
 
 gguf = pytest.importorskip("gguf")
 DRAFT, TARGET = DEMO_DIR / "draft", DEMO_DIR / "target"
-# The demo draft as llama.cpp b11434's convert_hf_to_gguf.py writes it (scripts/convert_target_llamacpp.py with
-# --target-model-dir), plus output.weight: dspark keeps the draft's own lm_head.
+# The demo draft as llama.cpp b11434's convert_hf_to_gguf.py writes it (run with --target-model-dir, its tokenizer
+# pre-hash check answered "gpt-2"), plus output.weight: dspark keeps the draft's own lm_head.
 EXPECTED_TENSORS = {
     "token_embd.weight", "output.weight", "output_norm.weight", "enc.output_norm.weight", "fc.weight",
     "markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias",
@@ -129,11 +129,11 @@ def test_reduced_vocab_d2t_is_written_as_absolute_target_ids(tmp_path):
     """conversion/qwen.py DSparkModel.prepare_tensors: d2t offsets + arange, I64; the draft head keeps Vd rows."""
     from ckpt_factory import DraftSpec, reduced_vocab_d2t, write_draft
 
-    draft = write_draft(tmp_path / "draft", DraftSpec(draft_vocab_size=64))
+    draft = write_draft(tmp_path / "draft", DraftSpec(vocab_size=1024, draft_vocab_size=64))  # the demo target's
     out = tmp_path / "d.gguf"
     convert_to_gguf(str(draft), out, target=str(TARGET))
     tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
-    expected = reduced_vocab_d2t(64, 256).numpy() + np.arange(64)
+    expected = reduced_vocab_d2t(64, 1024).numpy() + np.arange(64)
     assert tensors["d2t"].tensor_type == gguf.GGMLQuantizationType.I64
     assert np.array_equal(np.asarray(tensors["d2t"].data).reshape(-1), expected)
     assert list(tensors["markov_w2.weight"].shape) == [32, 64] and list(tensors["output.weight"].shape) == [64, 64]

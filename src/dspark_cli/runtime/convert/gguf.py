@@ -18,7 +18,6 @@ whose head is the target's and keeps one that is not).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
+from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
 
 ARCH = "dflash"  # gguf-py/gguf/constants.py MODEL_ARCH_NAMES[MODEL_ARCH.DFLASH]
@@ -68,12 +68,13 @@ def convert_to_gguf(draft: str, out: str | os.PathLike, target: str, force: bool
     target_dir = _target_folder(target)
     refuse_unfaithful(config, ckpt)
     names = gguf_tensor_names(ckpt)
+    vocab = read_vocab(target_dir, config.vocab_size)
     with atomic_output_file(out, force) as tmp:
         writer = _writer(tmp)
         write_keys(writer, config, names, ckpt, Path(draft).name)
-        write_tokenizer(writer, target_dir, config.vocab_size)
+        write_vocab(writer, vocab)
         for source, name in names.items():
-            _add_tensor(writer, name, ckpt, ckpt.tensors[source])
+            add_tensor(writer, name, ckpt, ckpt.tensors[source])
         _add_d2t(writer, ckpt)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -146,29 +147,6 @@ def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpo
     writer.add_uint32("general.quantization_version", 2)
 
 
-def write_tokenizer(writer, target_dir: Path, vocab_size: int) -> None:
-    """The target's byte-level BPE tokenizer as llama.cpp's `gpt2` model (conversion/base.py
-    TextModel._set_vocab_gpt2 and get_vocab_base): tokens padded to the vocabulary, special added tokens CONTROL,
-    other added tokens USER_DEFINED, merges and special ids by gguf's SpecialVocab."""
-    import gguf
-
-    tokenizer = _bpe_tokenizer(target_dir)
-    vocab = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
-    by_id = {index: token for token, index in vocab.items()}
-    added = {t["id"]: t["special"] for t in tokenizer["added_tokens"]}
-    types = gguf.TokenType
-    tokens, kinds = [], []
-    for index in range(vocab_size):
-        tokens.append(by_id.get(index, f"[PAD{index}]"))
-        kinds.append(types.USER_DEFINED if index not in by_id or added.get(index) is False
-                     else types.CONTROL if added.get(index) else types.NORMAL)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex in src/llama-vocab.cpp (llama_vocab::impl::load)
-    writer.add_token_list(tokens)
-    writer.add_token_types(kinds)
-    gguf.SpecialVocab(target_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer, quiet=True)
-
-
 def _uint_keys(config: DraftConfig, ckpt: Checkpoint) -> dict[str, int]:
     head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
     keys = {
@@ -180,7 +158,7 @@ def _uint_keys(config: DraftConfig, ckpt: Checkpoint) -> dict[str, int]:
         f"{ARCH}.attention.head_count_kv": config.num_key_value_heads,
         f"{ARCH}.attention.key_length": head_dim,
         f"{ARCH}.attention.value_length": head_dim,
-        "general.file_type": _file_type(ckpt),
+        "general.file_type": file_type(ckpt),
         f"{ARCH}.block_size": config.block_size.value,
         "tokenizer.ggml.mask_token_id": config.mask_token_id,
     }
@@ -195,7 +173,7 @@ def _llamacpp_name(name: str) -> str | None:
     return TOP_TENSORS.get(name)
 
 
-def _file_type(ckpt: Checkpoint) -> int:
+def file_type(ckpt: Checkpoint) -> int:
     """llama.cpp's general.file_type for the draft's matrices: the dtype most of their bytes are in."""
     sizes: dict[str, int] = {}
     for info in ckpt.tensors.values():
@@ -232,7 +210,7 @@ def _array(ckpt: Checkpoint, info: TensorInfo):
     return data.reshape(info.shape)
 
 
-def _add_tensor(writer, name: str, ckpt: Checkpoint, info: TensorInfo) -> None:
+def add_tensor(writer, name: str, ckpt: Checkpoint, info: TensorInfo) -> None:
     """Matrices in their own dtype; vectors widened to F32, exactly (BF16's bits are the top half of F32's)."""
     import gguf
     import numpy as np
@@ -262,19 +240,6 @@ def _add_d2t(writer, ckpt: Checkpoint) -> None:
     offsets = _array(ckpt, ckpt.tensors[source]).reshape(-1).astype(np.int64)
     writer.add_tensor("d2t", offsets + np.arange(offsets.size, dtype=np.int64),
                       raw_dtype=gguf.GGMLQuantizationType.I64)
-
-
-def _bpe_tokenizer(target_dir: Path) -> dict:
-    path = target_dir / "tokenizer.json"
-    if not path.is_file():
-        raise DsparkError(f"the target {target_dir} has no tokenizer.json; the GGUF takes its tokenizer from the "
-                          "target, so pass the target folder that holds it.")
-    tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    pre = (tokenizer.get("pre_tokenizer") or {}).get("type")
-    if tokenizer.get("model", {}).get("type") != "BPE" or pre != "ByteLevel":
-        raise DsparkError(f"the target's tokenizer {path} is not a byte-level BPE one, the only kind dspark writes "
-                          "into a GGUF; convert the target with llama.cpp's own converter instead.")
-    return tokenizer
 
 
 def _target_folder(target: str) -> Path:

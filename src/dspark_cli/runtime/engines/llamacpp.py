@@ -6,8 +6,8 @@
 
 llama.cpp loads GGUF files, not folders: the pair is checked as folders (validate's header-only rules, as for
 vLLM), and the argv names the GGUF beside each folder (`FOLDER.gguf`), which `dspark convert DRAFT --to gguf`
-writes for the draft and llama.cpp's convert_hf_to_gguf.py (or scripts/convert_target_llamacpp.py) for the target;
-the plan's notes give both commands. What llama.cpp does, from its source at b11434:
+writes for the draft and `dspark convert TARGET --to gguf` for a Qwen3 or Qwen2 target (llama.cpp's own converter
+for others); the plan's notes give both commands. What llama.cpp does, from its source at b11434:
 - speculative.md of llama.cpp's docs "DSpark (`draft-dspark`)": `-md` the draft GGUF, `--spec-type draft-dspark`,
   `--spec-draft-n-max` clamped to the trained block size; Qwen3 backbones only.
 - common/speculative.cpp (common_speculative_state_draft_dflash): `--spec-draft-p-min P` truncates a drafted block
@@ -90,8 +90,8 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
         findings.append(engine_finding("DSP722", f"markov_w2 is stored {head}."))
     if not config.has_markov:
         findings.append(engine_finding("DSP723", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
-    notes = ["llama.cpp loads GGUF files: the draft through dspark convert, the target through llama.cpp's own "
-             "converter (docs/convert.md)."]
+    notes = ["llama.cpp loads GGUF files: the draft and a Qwen3 or Qwen2 target through dspark convert, another "
+             "target through llama.cpp's own converter (docs/convert.md)."]
     if config.enable_confidence_head:
         notes.append("llama.cpp uses the confidence head only as a static per-position cut-off (spec-draft-p-min), "
                      "not a verify budget; an STS file is not read.")
@@ -100,8 +100,8 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
 
 def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:
     notes = [f"llama.cpp loads GGUF files: write {draft} with dspark convert {request.draft} (the to option gguf, "
-             f"the target option {request.target}) and {target} with llama.cpp's convert_hf_to_gguf.py (or "
-             "scripts/convert_target_llamacpp.py for a tokenizer it does not recognize)."]
+             f"the target option {request.target}) and {target} with dspark convert {request.target} (the to option "
+             "gguf; a Qwen3 or Qwen2 target, llama.cpp's own converter for others)."]
     if request.draft_topk is not None:
         notes.append("llama.cpp reads each drafted position from its own draft sampler: the draft top-k is not "
                      "passed.")
