@@ -2,7 +2,8 @@
 
 An engine module defines one `Engine`:
 - `name`, `label`: the registry key ("sglang") and how messages name it ("SGLang");
-- `source`: the engine's files (and commits) its rules were read from; docs/engines.md says which are verified;
+- `source`: the engine's files (and commits) its rules were read from; each engine's page (docs/engine-*.md,
+  docs/serve.md for vLLM) says which are verified;
 - `own_codes`: codes of validate's report that this engine refuses although the draft is sound (restrictions of
   some engines, e.g. vLLM's DSP012); a code no registered engine lists blocks every engine (a broken draft);
 - `rules(config, report) -> (findings, notes)`: what only this engine checks: error findings with the engine codes
@@ -145,7 +146,7 @@ class Verdict:
 class Engine:
     name: str  # the registry key, e.g. "vllm"
     label: str  # how messages name it, e.g. "vLLM"
-    source: str  # where its rules were read (the engine's source files; docs/engines.md lists the commits)
+    source: str  # where its rules were read (the engine's source files; its docs page lists the commits)
     own_codes: frozenset[str]  # validate's error codes only some engines refuse, this one among them
     plan: Callable[[ServeRequest], ServePlan]  # check the pair, then the command that launches it
     rules: Rules = no_rules  # this engine's own checks (ENGINE_CODES) and notes on what it drops

@@ -3,7 +3,7 @@
     plan = ENGINE.plan(ServeRequest(target="Qwen/Qwen3-8B", draft="./my-draft"))   # engines.engine("sglang")
     plan.argv   # [python, "-m", "sglang.launch_server", "--model-path", T, "--speculative-algorithm", "DSPARK", ...]
 
-Every rule below was read from sgl-project/sglang (docs/engines.md lists them, with what is not verified):
+Every rule below was read from sgl-project/sglang (docs/engine-sglang.md lists them, with what is not verified):
 - python/sglang/srt/models/dspark.py @ 01f47623: `build_markov_head` builds vanilla, gated and rnn heads;
   `DSparkDraftMixin.__init__` raises for a config with speculators_model_type "dspark" (slot k read one position
   early: accept length ~1, sgl-project/sglang#30261) -> DSP701; `load_weights` skips `embed_tokens.` and `lm_head.`
@@ -104,7 +104,7 @@ def sglang_installed() -> bool:
 ENGINE = Engine(
     name="sglang", label="SGLang", own_codes=frozenset(), plan=plan_serve, rules=rules,
     source="sgl-project/sglang python/sglang/srt/models/dspark.py and speculative/dspark_components/dspark_config.py "
-           "@ 01f47623, dspark_sts.py @ 9e16e2d0, server_args.py (docs/engines.md)",
+           "@ 01f47623, dspark_sts.py @ 9e16e2d0, server_args.py @ 001067ff (docs/engine-sglang.md)",
     layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
     reads="the draft and target folders; an STS temperatures file (the calibration option)",
     installed=sglang_installed, install_hint=INSTALL_HINT,

@@ -4,7 +4,7 @@
     plan.files   # {"dspark-trtllm.yaml": "speculative_config:\n  decoding_type: DSpark\n  ..."}
     plan.argv    # ["trtllm-serve", T, "--extra_llm_api_options", "<files_dir>/dspark-trtllm.yaml"]
 
-Read from NVIDIA/TensorRT-LLM (docs/engines.md):
+Read from NVIDIA/TensorRT-LLM (docs/engine-trtllm.md):
 - tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (module docstring): every `decoding_type: DSpark`
   drafter is built there, embedded (DeepSeek-V4's mtp.*) or standalone; a standalone drafter is
   GQADSparkForCausalLM, DFlash's block decode plus the Markov head, the confidence head and the shift_label
@@ -103,8 +103,9 @@ def find_trtllm() -> str | None:
 
 ENGINE = Engine(
     name="trtllm", label="TensorRT-LLM", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
-    source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe (docs/engines.md)",
-    layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a vanilla Markov head",
+    source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe, "
+           "tensorrt_llm/llmapi/llm_args.py @ 00043967 and c319397c (docs/engine-trtllm.md)",
+    layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a Markov head",
     reads="the draft and target folders, via the YAML (no STS or step-cost file from dspark)",
     installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
 )
