@@ -60,28 +60,13 @@ def build_trainer(args: argparse.Namespace):
     return DraftTrainer(target, build_draft(config, target), stream, options)
 
 
-def full_logits_step(trainer):
-    """The step before the feature contract (one process)."""
-    import torch
-
-    from dspark_cli.runtime.train.loss import build_blocks, loss_sums, sample_anchors
-
-    tokens = trainer.next_tokens()
-    anchors = sample_anchors(tokens.shape[0], tokens.shape[1], trainer.anchors, trainer.generator)
-    with torch.no_grad():
-        out = trainer.target(input_ids=tokens, output_hidden_states=True)
-    blocks = build_blocks(tokens, anchors, trainer.draft.config.block_size.value, trainer.draft.config.mask_token_id)
-    B, A, K = blocks.labels.shape
-    aligned = out.logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, out.logits.shape[-1]))
-    features = torch.cat([out.hidden_states[i] for i in trainer.draft.config.hidden_state_indices], -1)
-    draft_logits, confidence = trainer.model(features, blocks)  # the old path: HF hidden states, full logits
-    return trainer.optimize(loss_sums(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, trainer.options))
-
-
 def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    from full_logits_step import full_logits_step  # the step before the feature contract
+
     trainer = build_trainer(args)
     step = trainer.run_step if args.variant == "after" else lambda: full_logits_step(trainer)
     base = resident_bytes()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 from ckpt_factory import DraftSpec, tiny_target
+from full_logits_step import full_logits_step
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.train.data import TokenStream
 from dspark_cli.runtime.train.features import (FeatureRecord, FeatureSpec, TargetHead, capture_target_features,
                                                 stack_records)
-from dspark_cli.runtime.train.loss import build_blocks, loss_sums, sample_anchors
+from dspark_cli.runtime.train.loss import build_blocks, sample_anchors
 from dspark_cli.runtime.train.new_draft import DraftShape, build_draft, new_draft_config
 from dspark_cli.runtime.train.options import TrainOptions
 from dspark_cli.runtime.train.tiny_target import TargetGeometry
@@ -80,27 +81,12 @@ def _trainer(target, seed: int = 5) -> DraftTrainer:
     return DraftTrainer(target, build_draft(config, target), stream, options)
 
 
-def _old_full_logits_step(trainer: DraftTrainer):
-    """The step as it was before the feature contract: output_hidden_states, the target's logits at every position
-    [B, T, V], gathered at the anchor-block slots."""
-    tokens = trainer.next_tokens()
-    anchors = sample_anchors(tokens.shape[0], tokens.shape[1], trainer.anchors, trainer.generator)
-    with torch.no_grad():
-        out = trainer.target(input_ids=tokens, output_hidden_states=True)
-    blocks = build_blocks(tokens, anchors, trainer.draft.config.block_size.value, trainer.draft.config.mask_token_id)
-    B, A, K = blocks.labels.shape
-    aligned = out.logits.gather(1, blocks.target_index.view(B, A * K, 1).expand(-1, -1, out.logits.shape[-1]))
-    features = torch.cat([out.hidden_states[i] for i in trainer.draft.config.hidden_state_indices], -1)
-    draft_logits, confidence = trainer.model(features, blocks)  # the old path: HF hidden states, full logits
-    return trainer.optimize(loss_sums(draft_logits, aligned.view(B, A, K, -1), confidence, blocks, trainer.options))
-
-
 def test_the_new_step_trains_exactly_like_the_full_logits_step():
     """Same seed, batches and anchors: the same losses over every step and the same weights after them."""
     target = qwen3_target()
     new, old = _trainer(target), _trainer(target)
     new_losses = [new.run_step().value for _ in range(6)]
-    old_losses = [_old_full_logits_step(old).value for _ in range(6)]
+    old_losses = [full_logits_step(old).value for _ in range(6)]
     assert new_losses == pytest.approx(old_losses, rel=1e-6, abs=0)
     assert len(set(new_losses)) == 6  # the draft did train
     for (name, a), b in zip(new.draft.named_parameters(), old.draft.parameters()):
