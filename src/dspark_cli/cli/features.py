@@ -22,18 +22,6 @@ def register(app: typer.Typer) -> None:
     )(features)
 
 
-def _ids(text: Optional[str], flag: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        ids = []
-    if not ids:
-        raise DsparkError(f"{flag} {text!r}: give comma-separated layer ids, e.g. 1,9,17.")
-    return ids
-
-
 @render.handle_errors
 def features(
     target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
@@ -87,11 +75,10 @@ def features(
 
         def plan():
             if from_speculators is not None:
-                from dspark_cli.runtime.train.speculators import aux_ids_option
-
-                return features_run.plan_speculators(target, from_speculators, aux_ids_option(aux_layer_ids),
+                aux_ids = opts.layer_ids(aux_layer_ids, "--aux-layer-ids", "2,18,33,36")
+                return features_run.plan_speculators(target, from_speculators, aux_ids,
                                                      torch_dtype, device_here, records_per_shard=records_per_shard)
-            ids = _ids(target_layers, "--target-layers") or _default_layers(target, layers)
+            ids = opts.layer_ids(target_layers, "--target-layers") or _default_layers(target, layers)
             return features_run.plan_corpus(target, data, ids, seq_len, torch_dtype, device_here,
                                             chat_template=chat_template, batch_size=batch_size,
                                             records_per_shard=records_per_shard)

@@ -136,6 +136,19 @@ Revision = Annotated[Optional[str], typer.Option(
     "--revision", metavar="REV", help="Hub revision (branch, tag or commit) of CHECKPOINT.")]
 
 
+def layer_ids(text: Optional[str], flag: str, example: str = "1,9,17") -> Optional[tuple[int, ...]]:
+    """A comma-separated list of layer ids given with `flag` (None when the option was not given)."""
+    if text is None:
+        return None
+    try:
+        ids = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        ids = ()
+    if not ids:
+        raise DsparkError(f"{flag} {text!r}: give comma-separated layer ids, e.g. {example}.")
+    return ids
+
+
 def to_stdout(path: Path | str | None) -> bool:
     """True when `--json -` claims stdout for the JSON document."""
     return path is not None and str(path) == STDOUT

@@ -35,18 +35,6 @@ def register(app: typer.Typer) -> None:
     )(train)
 
 
-def _parse_layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
-    if text is None:
-        return None
-    try:
-        ids = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
-    except ValueError:
-        ids = ()
-    if not ids:
-        raise DsparkError(f"--target-layers {text!r}: give comma-separated layer ids, e.g. 1,9,17.")
-    return ids
-
-
 @render.handle_errors
 def train(
     target: opts.target("Target causal LM: a Hugging Face folder or hub id.") = ...,
@@ -146,7 +134,8 @@ def train(
     if draft_arch != "auto" and draft_arch not in FAMILIES:
         raise DsparkError(f"--draft-arch {draft_arch!r} is not a draft family; choose auto, {', '.join(FAMILIES)}.")
     given = {name: value for name, value in dict(
-        layers=layers, block_size=block_size, target_layers=_parse_layers(target_layers), markov_rank=markov_rank,
+        layers=layers, block_size=block_size, target_layers=opts.layer_ids(target_layers, "--target-layers"),
+        markov_rank=markov_rank,
         confidence=confidence, confidence_with_markov=confidence_with_markov, mask_token_id=mask_token_id,
         markov_head_type=markov_head_type, arch=None if draft_arch == "auto" else draft_arch,
     ).items() if value is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -47,7 +47,7 @@ def _target_config(target: str | Path):
     return load_tokenizer_and_config(target)
 
 
-def plan_corpus(target: str | Path, data: list[Path], layer_ids: list[int], seq_len: int, dtype: torch.dtype,
+def plan_corpus(target: str | Path, data: list[Path], layer_ids: Sequence[int], seq_len: int, dtype: torch.dtype,
                 device: torch.device, *, chat_template: Path | None = None, batch_size: int = 8,
                 records_per_shard: int | None = None, revision: str | None = None) -> FeatureJob:
     """Records of seq_len tokens cut from the packed corpus (the same packing as `dspark train`'s data)."""

@@ -98,13 +98,3 @@ def read_hs_file(path: Path, layers: AuxLayers, norm: nn.Module, dtype: torch.dt
                          layers=hidden[:, :-1].flatten(1).to(dtype).contiguous(),  # [T, n*Ht]
                          last_hidden=last.to(device="cpu", dtype=dtype))
 
-
-def aux_ids_option(text: str) -> tuple[int, ...]:
-    try:
-        ids = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
-    except ValueError:
-        ids = ()
-    if not ids:
-        raise DsparkError(f"the aux-layer-ids option {text!r}: give comma-separated layer ids, e.g. 2,18,33,36.")
-    return ids
-
