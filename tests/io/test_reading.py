@@ -46,3 +46,16 @@ def test_folders_fifos_missing_and_undecodable_files_are_one_sentence(tmp_path):
     latin1.write_bytes(b"caf\xe9")
     with pytest.raises(ReadError, match=r"latin1.txt: it is not UTF-8 text \(unexpected end of data at byte 3\)"):
         read_bounded_text(latin1, "prompt set", 100)
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"error": {"message": "model not found", "type": "invalid_request_error"}}', "model not found"),  # OpenAI
+    ('{"error": "slot unavailable"}', "slot unavailable"),
+    ('{"message": "bad request"}', "bad request"),
+    ("Internal Server Error", "Internal Server Error"),  # not JSON: the body itself
+    ("[1, 2]", "[1, 2]"),
+])
+def test_server_error_message_finds_the_message_in_each_servers_shape(body, message):
+    from dspark_cli.runtime.io.reading import server_error_message
+
+    assert server_error_message(body) == message

@@ -42,6 +42,7 @@ from dspark_cli.runtime.bench.engine_metrics import (
     sglang_gauges,
     spec_counters,
 )
+from dspark_cli.runtime.io.reading import server_error_message
 
 SERVE_FORMAT = "dspark-bench-serve/1"
 ENGINES = ("auto", "llamacpp", "vllm", "sglang", "openai")
@@ -240,14 +241,7 @@ def _take_event(event: dict, result: RequestResult, now: float) -> None:
 
 
 def _error_text(body: bytes) -> str:
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        doc = json.loads(text)
-        if isinstance(doc, dict):
-            inner = doc.get("error", doc)
-            text = inner.get("message", text) if isinstance(inner, dict) else str(inner)
-    except ValueError:
-        pass
+    text = server_error_message(body.decode("utf-8", "replace").strip())
     return " ".join(text.split())[:300] or "(no body)"
 
 

@@ -110,6 +110,21 @@ def jsonl_records(data: bytes, path: Path, fix: str, *, invalid: str = "is not v
             yield where, parse_json_text(line, where, fix, invalid=invalid)
 
 
+def server_error_message(body: str) -> str:
+    """The message of a server's error body: OpenAI's and llama.cpp's {"error": {"message": ...}}, an
+    {"error": "..."} string or a bare {"message": ...}; the body itself when it is not such JSON."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(document, dict):
+        return body
+    inner = document.get("error", document)
+    if isinstance(inner, dict):
+        return str(inner.get("message", body))
+    return str(inner) if inner else body
+
+
 def _json_depth_within(document: Any, limit: int) -> bool:
     """Whether at most `limit` objects/arrays nest in `document` ("[]" is 1 deep); iterative, so deep input is safe."""
     level, depth = [document], 0

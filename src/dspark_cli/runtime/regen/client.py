@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 
 from dspark_cli.errors import DsparkError, SettingError
+from dspark_cli.runtime.io.reading import server_error_message
 
 APIS = ("auto", "llamacpp", "openai")
 PROBE = [{"role": "user", "content": "Hello"}]  # the one-token request that checks a server before any work
@@ -114,17 +115,12 @@ class Server:
 
 
 def _error_text(error: urllib.error.HTTPError) -> str:
-    """The message of an HTTP error body (OpenAI's and llama.cpp's {"error": {"message": ...}}), else its text."""
+    """The message of an HTTP error's body (io.reading.server_error_message), else its reason."""
     try:
         raw = error.read().decode("utf-8", errors="replace")
     except OSError:
         raw = ""
-    try:
-        body = json.loads(raw)
-        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("error") or raw
-    except (ValueError, AttributeError, KeyError, TypeError):
-        message = raw
-    return str(message or error.reason).strip()[:ERROR_BODY_CHARS]
+    return (server_error_message(raw) or str(error.reason)).strip()[:ERROR_BODY_CHARS]
 
 
 # --- connecting ------------------------------------------------------------------------------------------------
