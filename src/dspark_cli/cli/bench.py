@@ -388,6 +388,104 @@ def serve(
                           "tokens are not in the figures.", EXIT_FINDINGS)
 
 
+@bench_app.command("engine")
+@handle_errors
+def engine(
+    plain: str = typer.Argument(..., metavar="PLAIN_URL", help="llama-server serving the target alone, e.g. "
+                                "http://127.0.0.1:8080."),
+    spec: list[str] = typer.Option(..., "--spec", metavar="N=URL", help="A llama-server serving the target with "
+                                   "the draft, started with --spec-draft-n-max N; repeat for other N (two N price "
+                                   "the draft length)."),
+    draft_file: Path = typer.Option(..., "--draft-file", metavar="DRAFT.gguf", help="The draft GGUF the "
+                                    "speculative servers load: its block size, fingerprint and source folder."),
+    target_file: Path = typer.Option(None, "--target-file", metavar="TARGET.gguf", help="The target GGUF (default: "
+                                     "the plain server's model_path, when that file is on this machine)."),
+    concurrency: str = typer.Option("1,2,4", "--concurrency", metavar="C,C...", help="Requests in flight at a "
+                                    "time."),
+    context: str = typer.Option("64,512", "--context", metavar="T,T...", help="Context lengths in tokens (two or "
+                                "more: the draft's and the target's attention grow with it)."),
+    repeats: int = typer.Option(5, "--repeats", min=1, max=1000, help="Interleaved passes over every point."),
+    generate: int = typer.Option(32, "--generate", min=4, max=4096, help="Tokens each timed request generates."),
+    prompts: Path = typer.Option(None, "--prompts", metavar="FILE", help="Text the prompts are cut from: .jsonl "
+                                 "or .txt (default: the demo's code and prose sets)."),
+    timeout: float = typer.Option(300.0, "--timeout", min=0.001, help="Seconds one request may take."),
+    json_out: options.json_path("the profile (`dspark plan --costs`; the table then goes to stderr)") = None,
+    force: options.force("Replace an existing --json file.") = False,
+) -> None:
+    """Profile a running llama.cpp engine in place: its plain decode step at R requests, its verify pass over M
+    tokens and its speculative step (the draft's cost per round as a function of R), at each context, in repeated
+    interleaved samples: the cost profile `dspark plan --costs` turns into a verdict. Read from llama-server's own
+    per-request timings; labelled with its build, this machine and the model files' fingerprints."""
+    from dspark_cli.cli.plan_load import parse_concurrency
+    from dspark_cli.runtime.bench.engine import ProfileConfig, profile_engine
+    from dspark_cli.runtime.measure.engine_profile import read_engine_profile
+    from dspark_cli.runtime.measure.evaluation import SHIPPED_SETS, read_prompt_set
+
+    if not math.isfinite(timeout):
+        raise DsparkError(f"--timeout must be a finite number of seconds, got {timeout}.")
+    inputs = [("draft file", draft_file)] + ([] if target_file is None else [("target file", target_file)])
+    inputs += [] if prompts is None else [("prompts file", prompts)]
+    _check_exclusive([("--json file", json_out)], inputs, force)
+    text = "\n\n".join(p for path in ([prompts] if prompts else SHIPPED_SETS) for p in read_prompt_set(path).prompts)
+    config = ProfileConfig(plain=plain, spec=[_spec_server(s) for s in spec],
+                           concurrencies=tuple(parse_concurrency(concurrency)),
+                           contexts=tuple(_ints(context, "--context")), text=text, draft_file=str(draft_file),
+                           target_file=None if target_file is None else str(target_file), repeats=repeats,
+                           generate=generate, timeout_s=timeout)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("samples (the first pass is a warm-up)", total=None)
+        document = profile_engine(config, on_sample=lambda job, repeat, ms: progress.advance(task))
+    profile = read_engine_profile(Path("<profile>"), document)
+    out = err_console if options.to_stdout(json_out) else console
+    out.print(render.fitted(out, lambda padding: _engine_table(profile, padding)))
+    for note in _engine_notes(profile):
+        out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
+    _write_exclusive(json_out, force, lambda path: emit_json(document, path))
+
+
+def _spec_server(text: str) -> tuple[int, str]:
+    n, sep, url = text.partition("=")
+    if not sep or not n.strip().isdigit() or int(n) < 1 or not url.strip():
+        raise DsparkError(f"--spec takes N=URL (the server drafts N tokens a round), like 7=http://127.0.0.1:8081; "
+                          f"not {text!r}.")
+    return int(n), url.strip()
+
+
+def _engine_table(profile, padding: tuple[int, int]) -> Table:
+    table = Table(title=Text(f"bench engine · {profile.engine} {profile.engine_version} · median ms (min–max of "
+                             f"{profile.repeats})"), title_justify="left", box=box.SIMPLE_HEAD, padding=padding)
+    render.columns(table, ("context", "R", "plain step", "verify n+1", "spec step", "draft + bookkeeping",
+                           "n", "accept"))
+    for c in profile.contexts:
+        for r in profile.concurrencies:
+            for n in profile.draft_ns:
+                plain, spec = profile.plain_ms(r, c), profile.spec[n, r, c]
+                verify = [profile.verify_ms(r, n + 1, c, i) for i in range(profile.repeats)]
+                draft = [profile.draft_ms(r, n, c, i) for i in range(profile.repeats)]
+                accept = profile.acceptance[n, r, c]
+                table.add_row(str(c), str(r), _spread(plain), _spread(verify), _spread(spec), _spread(draft), str(n),
+                              "" if accept is None else f"{accept:.3f}")
+        table.add_section()
+    return table
+
+
+def _spread(values) -> str:
+    import statistics
+
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def _engine_notes(profile) -> list[str]:
+    return ["plain step: one decode step of R requests; verify n+1: the target's pass over n + 1 tokens of each of R "
+            "requests (a fresh prompt's time, plus the plain step's cost of R sequences at this context); spec step: "
+            "one speculative step of R requests drafting n; draft + bookkeeping: spec step - verify, the draft's "
+            "time per step at R requests.",
+            f"engine {profile.engine} {profile.engine_version}; hardware {profile.hardware}; target "
+            f"{profile.target.path} ({profile.target.fingerprint}), draft {profile.draft.path} "
+            f"({profile.draft.fingerprint})."]
+
+
 def _check_exclusive(outputs: list[tuple[str, Path | None]], inputs: list, force: bool) -> None:
     """check_output_files, and an existing file refused unless --force: before any request is sent."""
     from dspark_cli.runtime.io.outputs import check_output_files

@@ -20,7 +20,21 @@ Recommends k or a threshold and prints the matching `vllm serve --speculative-co
 through the engines' batch verify schedulers (--scheduler paper, paper-production, sglang, trtllm, vllm, fixed-k,
 threshold or all; --costs an SGLang SPS table, a TensorRT-LLM cost table, or at concurrency 1 `bench verify`'s):
 tokens/s, per-request tokens/s and verify tokens per step, and what to set in which engine. Which figures are
-exact and which are estimates: docs/eval.md."""
+exact and which are estimates: docs/eval.md. With --costs an engine profile of `dspark bench engine`: a verdict
+per concurrency and context (does speculation pay, which draft length n, 0 = serve without the draft, and
+threshold), the predicted speedup with its interval; --context picks the contexts (docs/bench.md)."""
+
+
+def read_profile_doc(costs: Optional[Path]) -> Optional[dict]:
+    """The document of --costs when it is an engine profile (`dspark bench engine`), else None."""
+    if costs is None:
+        return None
+    from dspark_cli.runtime.io.reading import read_json_file
+    from dspark_cli.runtime.measure.engine_profile import MAX_PROFILE_BYTES, is_engine_profile
+
+    doc = read_json_file(costs, "cost table", MAX_PROFILE_BYTES, "give a cost table or the JSON of `dspark bench "
+                         "engine`")
+    return doc if is_engine_profile(doc) else None
 
 
 def register(app: typer.Typer) -> None:
@@ -44,6 +58,11 @@ def plan(
                                               "numbers of concurrent requests through the engines' schedulers."),
     scheduler: str = typer.Option("all", "--scheduler", metavar="NAME", help="With --concurrency: paper, "
                                   "paper-production, sglang, trtllm, vllm, fixed-k, threshold or all."),
+    context: Optional[str] = typer.Option(None, "--context", metavar="T,T...", help="With an engine profile "
+                                          "(`dspark bench engine`): the context lengths to judge (default: the "
+                                          "profile's)."),
+    other_pair: bool = typer.Option(False, "--other-pair", help="Use an engine profile measured on another pair's "
+                                    "files (their fingerprints differ from the runs')."),
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
@@ -57,6 +76,18 @@ def plan(
     if out is not None and out.exists() and not force:
         raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
     loaded = [EvalRun.load(path) for path in runs]
+    profile_doc = read_profile_doc(costs)
+    if profile_doc is not None:
+        from dspark_cli.cli import plan_verdict
+
+        if calibration is not None or scheduler != "all":
+            raise DsparkError(f"{costs} is an engine profile, judged for the engine it measured: the calibration "
+                              "and scheduler options do not apply; leave them out.")
+        plan_verdict.run(loaded, runs, profile_doc, costs, concurrency, context, other_pair, out, json_path)
+        return
+    if context is not None or other_pair:
+        raise DsparkError("the context and other-pair options judge an engine profile of `dspark bench engine`; give "
+                          "one with the costs option.")
     if concurrency is not None:
         from dspark_cli.cli import plan_load
 

@@ -48,3 +48,31 @@ def settings_list(rows: list) -> Text:
     """What to set in which engine for each scheduler, once (it does not depend on the load)."""
     lines = [f"  {row.scheduler.label}: {row.scheduler.setting}" for row in rows]
     return Text("what to set:\n" + "\n".join(lines), style="dim")
+
+
+VERDICT_STYLES = {"pays": "bold green", "does not pay": "bold red", "undecided": "yellow", "no data": "dim"}
+
+
+def verdict_table(plan, padding: tuple[int, int] = (0, 1)) -> Table:
+    """One row per (context, concurrency): the verdict, the draft length and threshold to serve, the best candidate's
+    predicted speedup with its interval, τ and tokens/s, the engine's plain tokens/s and the draft's ms per step (at
+    each draft length the profile measured)."""
+    profile = plan.profile
+    out = Table(title=f"does speculation pay? {profile.engine} {profile.engine_version}, block {plan.block_size}; "
+                      "speedup over plain decoding (interval: the runs' τ interval × the profile's spread)",
+                title_justify="left", padding=padding)
+    columns(out, ("context", "C", "verdict", "n (p-min)", "speedup [interval]", "τ", "plain tok/s", "spec tok/s",
+                  "draft ms"))
+    previous = None
+    for v in plan.verdicts:
+        if previous is not None and v.context != previous:
+            out.add_section()
+        previous = v.context
+        best = v.best
+        drafts = ", ".join(f"{ms:.1f}" for ms in v.draft_ms_per_step.values())
+        chosen = str(v.n) + ("" if v.threshold is None else f" ({v.threshold:g})")
+        speedup = "" if best is None else f"{best.speedup:.2f} [{best.speedup_low:.2f}, {best.speedup_high:.2f}]"
+        out.add_row(str(v.context), str(v.concurrency), Text(v.verdict, style=VERDICT_STYLES[v.verdict]), chosen,
+                    speedup, "" if best is None else number(best.tau), number(v.plain_tokens_per_s, 0),
+                    "" if best is None else number(best.tokens_per_s, 0), drafts)
+    return out

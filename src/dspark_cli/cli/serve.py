@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -58,8 +59,13 @@ def serve(
 
     check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
                       + local_inputs("--from-plan file", [from_plan]), "--json file")
-    block_size, threshold = plan_settings(from_plan, block_size)
+    fields = {} if from_plan is None else plan_fields(from_plan, engine_name)
+    block_size, threshold = plan_settings(fields, from_plan, block_size)
     chosen = engine(engine_name)
+    if fields.get("num_speculative_tokens") == 0:
+        serve_plain(chosen, ServeRequest(target=target, draft=draft, port=port, engine_args=tuple(vllm_args or ())),
+                    fields["reason"], dry_run, json_path)
+        return
     try:
         request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
                                draft_sample_method=draft_sample_method, port=port,
@@ -154,18 +160,57 @@ def refusal_document(report: "Report") -> dict:
             "findings": [f.to_dict() for f in report.findings]}
 
 
-def plan_settings(plan: Path | None, block_size: int | None) -> tuple[int | None, float | None]:
-    """The block size and survival threshold: a `dspark plan -o` file's, else --block-size's and none."""
-    if plan is None:
-        return block_size, None
+def plan_fields(plan: Path, engine_name: str) -> dict:
+    """A `dspark plan -o` file's fields; a verdict plan's engine must be the one served."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.measure.replay import read_plan_fields
 
     fields = read_plan_fields(plan)
+    planned = fields.get("engine")
+    if planned is not None and planned != engine_name:
+        raise DsparkError(f"the plan {plan} was made with {planned}'s cost profile, and its draft length and verdict "
+                          f"hold for that engine only; serve it with --engine {planned}, or plan with a profile of "
+                          f"{engine_name}.")
+    return fields
+
+
+def plan_settings(fields: dict, plan: Path | None, block_size: int | None) -> tuple[int | None, float | None]:
+    """The block size and threshold: a `dspark plan -o` file's (`fields`), else --block-size's and none."""
+    if plan is None:
+        return block_size, None
+    from dspark_cli.errors import DsparkError
+
     if block_size is not None and block_size != fields["num_speculative_tokens"]:
         raise DsparkError(f"--block-size {block_size} contradicts the plan {plan} "
                           f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
-    return fields["num_speculative_tokens"], fields.get("dspark_confidence_threshold")
+    return fields["num_speculative_tokens"] or None, fields.get("dspark_confidence_threshold")
+
+
+def serve_plain(chosen, request, reason: str, dry_run: bool, json_path: Path | None) -> None:
+    """The plan says speculation does not pay here: the engine's command for the target alone, and why."""
+    from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
+    from dspark_cli.runtime.engines.vllm import exec_vllm
+
+    if chosen.plain is None:
+        raise DsparkError(f"the plan says do not speculate ({reason}); serve the target with {chosen.label} alone.")
+    argv = chosen.plain(request)
+    command = shlex.join(argv)
+    if json_path is not None:
+        render.emit_json({"engine": chosen.name, "speculate": False, "reason": reason, "argv": argv,
+                          "command": command, "exit_code": 0}, json_path)
+        if options.to_stdout(json_path):
+            return
+    render.err_console.print(f"[bold yellow]plain decoding:[/] {escape(render.name_flags(reason))}; the plan's "
+                             "verdict is to serve the target without its draft.", highlight=False, soft_wrap=True)
+    print(command, flush=True)
+    if dry_run or json_path is not None:
+        return
+    if not chosen.installed():
+        render.err_console.print(f"[bold red]error:[/] {escape(chosen.install_hint)}", highlight=False,
+                                 soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    sys.stderr.flush()
+    exec_vllm(argv)
 
 
 def from_plan_worded(error: Exception, plan: Path | None) -> Exception:

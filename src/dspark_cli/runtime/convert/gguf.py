@@ -24,6 +24,7 @@ from typing import Any
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.fingerprint import SOURCE_KEY, folder_fingerprint
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
@@ -72,6 +73,7 @@ def convert_to_gguf(draft: str, out: str | os.PathLike, target: str, force: bool
     with atomic_output_file(out, force) as tmp:
         writer = _writer(tmp)
         write_keys(writer, config, names, ckpt, Path(draft).name)
+        write_source(writer, ckpt)
         write_vocab(writer, vocab)
         for source, name in names.items():
             add_tensor(writer, name, ckpt, ckpt.tensors[source])
@@ -109,6 +111,13 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
     if not config.layer_ids:
         return "its config names no target_layer_ids"
     return None
+
+
+def write_source(writer, ckpt: Checkpoint) -> None:
+    """The converted folder's fingerprint (checkpoint/fingerprint.py), which `dspark plan` matches to eval runs."""
+    source = folder_fingerprint(ckpt.local_dir) if ckpt.local_dir is not None else None
+    if source is not None:
+        writer.add_string(SOURCE_KEY, source)
 
 
 def llamacpp_target_layers(layer_ids: list[int]) -> list[int]:

@@ -22,7 +22,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import detect_format
 from dspark_cli.runtime.checkpoint.read import Checkpoint, open_checkpoint
 from dspark_cli.runtime.checkpoint.stateful import family_of_config_dict
-from dspark_cli.runtime.convert.gguf import FILE_TYPES, LAYER_TENSORS, add_tensor, file_type
+from dspark_cli.runtime.convert.gguf import FILE_TYPES, LAYER_TENSORS, add_tensor, file_type, write_source
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
 
@@ -73,6 +73,7 @@ def convert_target_to_gguf(target: str, out: str | os.PathLike, force: bool = Fa
     with atomic_output_file(out, force) as tmp:
         writer = gguf.GGUFWriter(tmp, config["model_type"])
         write_keys(writer, config, ckpt, folder.name)
+        write_source(writer, ckpt)
         write_vocab(writer, vocab)
         for source, name in names.items():
             add_tensor(writer, name, ckpt, ckpt.tensors[source])

@@ -70,6 +70,15 @@ def llama_server_argv(target: str, draft: str, n_max: int, request: ServeRequest
     return argv + list(request.engine_args)
 
 
+def plain_argv(request: ServeRequest) -> list[str]:
+    """`llama-server -m TARGET.gguf [--port P] [...]`: the target without a draft."""
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
+    argv = [LLAMA_SERVER, "-m", gguf_beside(request.target, "target")]
+    if request.port is not None:
+        argv += ["--port", str(request.port)]
+    return argv + list(request.engine_args)
+
+
 def gguf_beside(folder: str, role: str) -> str:
     """The GGUF file llama.cpp loads for a model folder: FOLDER.gguf beside it, as an absolute path."""
     path = Path(folder).expanduser()
@@ -116,6 +125,7 @@ ENGINE = Engine(
            "vanilla unquantized Markov head",
     reads="the target's and the draft's GGUF files",
     installed=lambda: shutil.which(LLAMA_SERVER) is not None,
+    plain=plain_argv,
     install_hint="llama.cpp is not installed here (no `llama-server` on PATH): build it (scripts/build_llamacpp.sh "
                  "builds release b11434) and put its bin/ folder on PATH, then run the command above.",
 )

@@ -154,6 +154,7 @@ class Engine:
     reads: str = ""  # the files it reads besides the two models
     installed: Callable[[], bool] = lambda: False  # whether its command can start here (nothing imported)
     install_hint: str = ""  # how to install it, one sentence
+    plain: Callable[[ServeRequest], list[str]] | None = None  # the target alone: when a plan says do not speculate
 
     def refuses(self, report: Report) -> list[Finding]:
         """The errors of validate's report that block this engine: all but the restrictions of other engines."""

@@ -38,6 +38,7 @@ from dspark_cli.runtime.measure.run_file import finite_logits, round_place
 from dspark_cli.runtime.rounds import scored_length, sigmoid
 
 PLAN_FORMAT = "dspark-plan/1"
+VERDICT_PLAN_FORMAT = "dspark-plan-verdict/1"  # verdict.py writes it: a plan from an engine's cost profile
 COSTS_FORMAT = "dspark-verify-costs/1"
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 VLLM_RULES = ("fixed", "measured", "survival")  # what vLLM's speculative config can express: num_speculative_tokens
@@ -301,18 +302,31 @@ def _row_dict(row: Row | None) -> dict | None:
 
 
 def read_plan_fields(path: Path) -> dict:
-    """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise."""
+    """The speculative-config fields of a plan file (`dspark plan -o`), checked; DsparkError otherwise. A verdict
+    plan (planned with an engine's cost profile) adds `engine` and `reason`, and may set num_speculative_tokens 0:
+    do not speculate."""
     doc = read_json_file(path, "plan file", MAX_PLAN_BYTES, "give a file written by `dspark plan -o`")
-    fields = doc.get("speculative_config") if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT else False
+    verdict = isinstance(doc, dict) and doc.get("format") == VERDICT_PLAN_FORMAT
+    fields = doc.get("speculative_config") if isinstance(doc, dict) and (
+        doc.get("format") == PLAN_FORMAT or verdict) else False
     if fields is None:
-        raise DsparkError(f"{path} recommends nothing (it was planned without a verify-cost table); run `dspark "
-                          "plan` with the costs option.")
+        raise DsparkError(f"{path} recommends nothing (planned without a verify-cost table, or for several loads); "
+                          "run `dspark plan` with the costs option, and one concurrency and context for a verdict.")
     if not isinstance(fields, dict) or set(fields) - {"num_speculative_tokens", "dspark_confidence_threshold"}:
         raise DsparkError(f"{path} is not a plan of `dspark plan -o` ({PLAN_FORMAT}); give one.")
     k = fields.get("num_speculative_tokens")
     x = fields.get("dspark_confidence_threshold")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise DsparkError(f"{path}: speculative_config.num_speculative_tokens must be an integer >= 1, not {k!r}.")
+    if not isinstance(k, int) or isinstance(k, bool) or k < (0 if verdict else 1):
+        raise DsparkError(f"{path}: speculative_config.num_speculative_tokens must be an integer >= "
+                          f"{0 if verdict else 1}, not {k!r}.")
     if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1):
         raise DsparkError(f"{path}: speculative_config.dspark_confidence_threshold must be in (0, 1], not {x!r}.")
-    return fields
+    if not verdict:
+        return fields
+    engine, verdicts = doc.get("engine"), doc.get("verdicts")
+    reason = verdicts[0].get("reason") if isinstance(verdicts, list) and verdicts and isinstance(verdicts[0],
+                                                                                                dict) else None
+    if not isinstance(engine, str) or not isinstance(reason, str):
+        raise DsparkError(f"{path}: a verdict plan needs its 'engine' and its verdict's 'reason'; write it again "
+                          "with `dspark plan -o`.")
+    return {**fields, "engine": engine, "reason": reason}
