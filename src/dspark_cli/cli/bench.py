@@ -409,6 +409,9 @@ def engine(
     prompts: Path = typer.Option(None, "--prompts", metavar="FILE", help="Text the prompts are cut from: .jsonl "
                                  "or .txt (default: the demo's code and prose sets)."),
     timeout: float = typer.Option(300.0, "--timeout", min=0.001, help="Seconds one request may take."),
+    engine_version: str = typer.Option(None, "--engine-version", help="The engine's version in the profile's label "
+                                       "(default: the server's build_info; a build from a source archive reports "
+                                       "b0-unknown)."),
     json_out: options.json_path("the profile (`dspark plan --costs`; the table then goes to stderr)") = None,
     force: options.force("Replace an existing --json file.") = False,
 ) -> None:
@@ -431,7 +434,7 @@ def engine(
                            concurrencies=tuple(parse_concurrency(concurrency)),
                            contexts=tuple(_ints(context, "--context")), text=text, draft_file=str(draft_file),
                            target_file=None if target_file is None else str(target_file), repeats=repeats,
-                           generate=generate, timeout_s=timeout)
+                           generate=generate, timeout_s=timeout, engine_version=engine_version)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("samples (the first pass is a warm-up)", total=None)

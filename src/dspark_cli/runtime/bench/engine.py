@@ -58,6 +58,7 @@ class ProfileConfig:
     repeats: int = 5
     generate: int = 32
     timeout_s: float = 300.0
+    engine_version: str | None = None  # default: the server's build_info
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,7 @@ def profile_engine(config: ProfileConfig, on_sample: Callable[[tuple, int, float
             if on_sample is not None:
                 on_sample(job, repeat, ms)
     return {
-        "format": PROFILE_FORMAT, "engine": "llamacpp", "engine_version": str(plain.props["build_info"]),
+        "format": PROFILE_FORMAT, "engine": "llamacpp", "engine_version": config.engine_version or str(plain.props["build_info"]),
         "hardware": hardware(), "models": {"target": model_file(target_file), "draft": model_file(config.draft_file)},
         "servers": {"plain": plain.url, "spec": {str(n): s.url for n, s in spec.items()}},
         "block_size": block, "repeats": config.repeats, "generate": config.generate,

@@ -18,10 +18,19 @@ alike and ratios within a repeat are paired):
 
 The cost model, per repeat i (every figure the engine's own; nothing from dspark's PyTorch runtime):
 
-    V_i(R, t, c) = θ_i(R·t) + D_i(R, c) - θ_i(R)       verify: R sequences scoring t tokens each at context c
-    Δ_i(R, n, c) = S_i(R, n, c) - V_i(R, n + 1, c)     the draft's time and the speculation bookkeeping of a step,
-                                                        measured per R (llama.cpp drafts each sequence's block and
-                                                        injects its features separately, so it grows with R)
+    A_i(R, c)    = max(0, D_i(R, c) - D_i(R, 0))              the context's cost to one scored token of each of R
+                                                              sequences (attention over c cached positions);
+                                                              D(R, 0) extrapolated linearly from the two smallest
+                                                              contexts measured (0 with one context)
+    V_i(R, t, c) = θ_i(R·t) + D_i(R, c) - θ_i(R) + (t - 1)·A_i(R, c)
+                                                              verify: R sequences scoring t tokens each at context
+                                                              c (the tokens' forward, what R sequences cost beyond
+                                                              one prompt of R tokens, and each further token's
+                                                              attention over the context)
+    Δ_i(R, n, c) = S_i(R, n, c) - V_i(R, n + 1, c)            the draft's time and the speculation bookkeeping of
+                                                              a step, measured per R (llama.cpp drafts each
+                                                              sequence's block and injects its features
+                                                              separately, so it grows with R)
     step_i(R, n, t, c) = V_i(R, t, c) + Δ_i(R, n, c)
 
 θ is interpolated linearly between measured token counts; Δ at an n no server drafted is interpolated linearly
@@ -97,11 +106,21 @@ class EngineProfile:
         frac = (tokens - a) / (b - a)
         return self.verify[a][repeat] + frac * (self.verify[b][repeat] - self.verify[a][repeat])
 
+    def context_ms(self, requests: int, context: int, repeat: int) -> float:
+        """A_i(R, c): what c cached positions add to one scored token of each of R sequences."""
+        contexts = [c for c in self.contexts if (requests, c) in self.plain]
+        if len(contexts) < 2:
+            return 0.0
+        (c0, c1), plain = contexts[:2], self.plain
+        d0, d1 = plain[requests, c0][repeat], plain[requests, c1][repeat]
+        at_zero = d0 - c0 * (d1 - d0) / (c1 - c0)
+        return max(0.0, plain[requests, context][repeat] - at_zero)
+
     def verify_ms(self, requests: int, tokens_each: float, context: int, repeat: int) -> float:
         """V_i(R, t, c): R sequences scoring t tokens each at context c."""
         plain = self.plain[requests, context][repeat]
-        return (self.theta_ms(requests * tokens_each, repeat) + plain
-                - self.theta_ms(requests, repeat))
+        return (self.theta_ms(requests * tokens_each, repeat) + plain - self.theta_ms(requests, repeat)
+                + (tokens_each - 1) * self.context_ms(requests, context, repeat))
 
     def draft_ms(self, requests: int, n: int, context: int, repeat: int) -> float:
         """Δ_i(R, n, c): what a speculative step costs beyond its verify pass (interpolated between measured n)."""

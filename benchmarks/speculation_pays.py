@@ -1,0 +1,237 @@
+"""Does speculation pay in llama.cpp on this CPU? `dspark plan`'s verdict against llama-server measured.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speculation_pays.py [--pairs demo,demo-large] [--repeats 3]
+        [--concurrency 1,2,4] [--contexts 32,512] [--prompts 8] [--max-tokens 64] [--out DIR]
+
+For each pair (the shipped demo pair, whose target fits in the CPU's cache, and demo-large, the same function with
+inert layers that make it memory-bound: docs/demo-large.md), with llama.cpp b11434 (scripts/build_llamacpp.sh), every
+llama-server with one thread (-t 1) and as many slots as the largest concurrency:
+
+1. Prompt sets, one per context: `short` (the demo's eval prompts, code and prose alternating) and `long` (eval
+   prompts concatenated to about the long context in tokens), DIR/prompts_<ctx>.jsonl.
+2. `dspark eval` on both sets (greedy, CPU, the pair's folders): the rounds plan reads acceptance from, by context.
+3. The GGUF files with `dspark convert`'s library half; a plain server and speculative servers drafting 7 and 1
+   tokens; `dspark bench engine` on them (DIR/<pair>/profile.json).
+4. `dspark plan run.json --costs profile.json --json plan.json`: a verdict and n per (context, concurrency).
+5. Measured: per (context, concurrency), the plain server, the n = 7 server and one server per other n plan chose,
+   REPEATS interleaved passes (the servers' order rotated each pass), each level the prompt set through
+   `dspark bench serve`'s client at that concurrency. Speedup of a server = its decode tokens/s over the plain
+   server's in the same pass (decode tokens/s: C × the mean over requests of (tokens - 1) / (latency - TTFT), the
+   steady state plan predicts; the wall throughput, prefill included, is printed beside it).
+
+Prints per pair and configuration: plan's verdict, n and predicted speedup [interval] (also its prediction for
+n = 7), the measured speedups (median and range over passes) of n = 7 and of plan's n, the measured-best n, and
+whether plan's sign and n agree with the measurement. Writes everything to DIR (default: a temporary folder).
+Nothing is asserted; figures vary with the machine's load (ratios are taken within one pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "scripts")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from llamacpp_server import LARGE_DIR, available, llama_server, pair_gguf  # noqa: E402
+
+
+def dspark(*args: str) -> None:
+    command = [sys.executable, "-c", "from dspark_cli.cli import main; main()", *args]
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    if run.returncode != 0:
+        sys.exit(f"dspark {' '.join(args)} failed ({run.returncode}):\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    print(run.stdout[-6000:] if args[0] in ("plan", "bench") else "", end="", flush=True)
+
+
+def pair_folders(name: str) -> tuple[Path, Path]:
+    from dspark_cli.runtime.demo import DEMO_DIR
+
+    if name == "demo":
+        return DEMO_DIR / "target", DEMO_DIR / "draft"
+    from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair
+
+    if not (LARGE_DIR / "target" / "config.json").is_file():
+        build_large_pair(LARGE_DIR, DEFAULT_EXTRA_LAYERS)
+    return LARGE_DIR / "target", LARGE_DIR / "draft"
+
+
+def write_prompt_sets(out: Path, count: int, contexts: list[int]) -> dict[int, Path]:
+    """One prompt set per context: the eval prompts for the shortest, concatenations of about c tokens for the
+    others (the demo tokenizer counts)."""
+    from tokenizers import Tokenizer
+
+    from dspark_cli.runtime.demo import DEMO_DIR
+
+    tokenizer = Tokenizer.from_file(str(DEMO_DIR / "target" / "tokenizer.json"))
+    sets = [[json.loads(line)["turns"][0] for line in (DEMO_DIR / name).read_text().splitlines() if line.strip()]
+            for name in ("eval_code.jsonl", "eval_prose.jsonl")]
+    pool = [p for pair in zip(*sets) for p in pair]
+    files = {}
+    for rank, context in enumerate(sorted(contexts)):
+        prompts = []
+        for i in range(count):
+            if rank == 0:
+                prompts.append(pool[i % len(pool)])
+                continue
+            text, j = "", i * 7
+            while len(tokenizer.encode(text).ids) < context:
+                text += pool[j % len(pool)] + "\n\n"
+                j += 1
+            ids = tokenizer.encode(text).ids[:context]
+            prompts.append(tokenizer.decode(ids))
+        path = out / f"prompts_{context}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        files[context] = path
+    return files
+
+
+def decode_rate(level) -> float | None:
+    """C × mean over requests of (tokens - 1) / (latency - TTFT): the level's steady decode tokens/s."""
+    rates = [(r.tokens - 1) / (r.latency_s - r.ttft_s) for r in level.done
+             if r.ttft_s is not None and r.tokens > 1 and r.latency_s > r.ttft_s]
+    return level.concurrency * statistics.fmean(rates) if rates else None
+
+
+def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies: list[int]) -> list[dict]:
+    from dspark_cli.runtime.bench.serve import Level, ServeConfig, probe, run_level, warm_up
+
+    work = out / name
+    work.mkdir(parents=True, exist_ok=True)
+    target_dir, draft_dir = pair_folders(name)
+    prompt_files = write_prompt_sets(work, args.prompts, contexts)
+    run = work / "run.json"
+    if not run.is_file():
+        data = [a for c in contexts for a in ("--data", str(prompt_files[c]))]
+        dspark("eval", "--target", str(target_dir), "--draft", str(draft_dir), *data, "--no-chat",
+               "--max-new-tokens", str(args.max_tokens), "--device", "cpu", "--json", str(run))
+    target, draft = pair_gguf(target_dir, draft_dir, work / "gguf")
+    slots, slot_context = max(concurrencies), max(contexts) + args.max_tokens + 64
+    common = dict(slots=slots, slot_context=slot_context)
+    profile, plan = work / "profile.json", work / "plan.json"
+    with ExitStack() as stack:
+        plain = stack.enter_context(llama_server(target, **common))
+        spec = {n: stack.enter_context(llama_server(target, draft, extra=["--spec-draft-n-max", str(n)], **common))
+                for n in (7, 1)}
+        if not profile.is_file():
+            dspark("bench", "engine", plain, *[a for n, url in spec.items() for a in ("--spec", f"{n}={url}")],
+                   "--draft-file", str(draft), "--target-file", str(target), "--concurrency",
+                   ",".join(map(str, concurrencies)), "--context", ",".join(map(str, contexts)), "--repeats",
+                   str(args.profile_repeats), "--json", str(profile))
+    dspark("plan", str(run), "--costs", str(profile), "--json", str(plan))
+    verdicts = {(v["context"], v["concurrency"]): v for v in json.loads(plan.read_text())["verdicts"]}
+    planned_ns = sorted({v["n"] for v in verdicts.values()} - {0, 7})
+    rows = []
+    with ExitStack() as stack:
+        urls = {0: stack.enter_context(llama_server(target, **common))}
+        for n in [7, *planned_ns]:
+            urls[n] = stack.enter_context(llama_server(target, draft, extra=["--spec-draft-n-max", str(n)], **common))
+        servers = {n: probe(url, "baseline" if n == 0 else "speculative", "llamacpp", None) for n, url in urls.items()}
+        for server in servers.values():
+            warm_up(server, "def main():", 120.0)
+        measured: dict[tuple[int, int, int], list[tuple[float | None, float | None]]] = {}
+        for repeat in range(args.repeats):
+            for context in contexts:
+                prompts = [json.loads(line)["prompt"] for line in prompt_files[context].read_text().splitlines()]
+                for c in concurrencies:
+                    order = sorted(servers)
+                    order = order[repeat % len(order):] + order[:repeat % len(order)]
+                    for n in order:
+                        config = ServeConfig(url=urls[n], prompts=prompts, concurrencies=(c,),
+                                             max_tokens=args.max_tokens, timeout_s=600.0, engine="llamacpp")
+                        level = Level(servers[n].role, "llamacpp", c)
+                        run_level(servers[n], prompts, config, level)
+                        measured.setdefault((context, c, n), []).append((decode_rate(level), level.throughput))
+                    print(f"{name} pass {repeat + 1}/{args.repeats} context {context} C={c}: " + ", ".join(
+                        f"n={n} {measured[context, c, n][-1][0]:.0f} tok/s" for n in sorted(servers)), flush=True)
+    (work / "measured.json").write_text(json.dumps({f"{k[0]},{k[1]},{k[2]}": v for k, v in measured.items()},
+                                                   indent=1))
+    for (context, c), v in sorted(verdicts.items()):
+        rows.append(compare(name, context, c, v, measured, sorted(servers), args.repeats))
+    return rows
+
+
+def compare(name: str, context: int, c: int, verdict: dict, measured: dict, ns: list[int], repeats: int) -> dict:
+    """Plan's verdict against the passes: speedups within each pass, their median and range."""
+    def speedups(n: int, index: int) -> list[float]:
+        return [measured[context, c, n][i][index] / measured[context, c, 0][i][index] for i in range(repeats)]
+
+    decode = {n: speedups(n, 0) for n in ns if n}
+    wall = {n: speedups(n, 1) for n in ns if n}
+    median = {0: 1.0, **{n: statistics.median(v) for n, v in decode.items()}}
+    best_n = max(median, key=median.get)
+    seven = next(p for p in verdict["predictions"] if p["n"] == 7 and p["threshold"] is None) \
+        if verdict["predictions"] else None
+    plan_n = verdict["n"]
+    plan_measured = decode.get(plan_n, [1.0] * repeats)
+    sign_measured = ("gain" if min(decode[7]) > 1 else "loss" if max(decode[7]) < 1 else "undecided")
+    sign_plan = (None if seven is None else "gain" if seven["speedup_interval"][0] > 1
+                 else "loss" if seven["speedup_interval"][1] < 1 else "undecided")
+    best_spread = decode.get(best_n, [1.0] * repeats)
+    n_ok = plan_n == best_n or min(best_spread) <= max(plan_measured)  # within the passes' spread of the best
+    best = verdict["best"]
+    return {"pair": name, "context": context, "concurrency": c, "verdict": verdict["verdict"], "plan_n": plan_n,
+            "plan_threshold": verdict["threshold"],
+            "plan_speedup": None if best is None else best["speedup"],
+            "plan_interval": None if best is None else best["speedup_interval"],
+            "plan_speedup_n7": None if seven is None else seven["speedup"],
+            "plan_interval_n7": None if seven is None else seven["speedup_interval"],
+            "measured_n7": decode[7], "measured_n7_wall": wall[7], "measured_plan_n": plan_measured,
+            "measured_best_n": best_n, "sign_plan_n7": sign_plan, "sign_measured_n7": sign_measured,
+            "n_within_noise": n_ok}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="demo,demo-large")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved measurement passes")
+    parser.add_argument("--profile-repeats", type=int, default=5, help="bench engine's repeats")
+    parser.add_argument("--concurrency", default="1,2,4")
+    parser.add_argument("--contexts", default="32,512")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not available():
+        sys.exit("no llama.cpp build: run scripts/build_llamacpp.sh first.")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [row for name in args.pairs.split(",") for row in measure_pair(name, out, args, contexts,
+                                                                                 concurrencies)]
+        (out / "comparison.json").write_text(json.dumps(rows, indent=1))
+    print(f"\nload average {os.getloadavg()[0]:.1f} (2 cores shared); decode speedups over plain decoding, median "
+          f"(range) of {args.repeats} interleaved passes")
+    print("| pair | context | C | plan verdict | plan n | plan speedup [interval] | plan n = 7 [interval] | "
+          "measured n = 7 | measured n = 7, wall | measured plan's n | measured best n | sign (plan / measured) | "
+          "n within noise |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        interval = r["plan_interval"] or [0, 0]
+        interval7 = r["plan_interval_n7"] or [0, 0]
+        n = str(r["plan_n"]) + ("" if r["plan_threshold"] is None else f" (p-min {r['plan_threshold']:g})")
+        print(f"| {r['pair']} | {r['context']} | {r['concurrency']} | {r['verdict']} | {n} | "
+              f"{(r['plan_speedup'] or 0):.2f} [{interval[0]:.2f}, {interval[1]:.2f}] | "
+              f"{(r['plan_speedup_n7'] or 0):.2f} [{interval7[0]:.2f}, {interval7[1]:.2f}] | "
+              f"{spread(r['measured_n7'])} | {spread(r['measured_n7_wall'])} | {spread(r['measured_plan_n'])} | "
+              f"{r['measured_best_n']} | {r['sign_plan_n7']} / {r['sign_measured_n7']} | "
+              f"{'yes' if r['n_within_noise'] else 'no'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
