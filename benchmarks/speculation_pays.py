@@ -125,7 +125,8 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
             dspark("bench", "engine", plain, *[a for n, url in spec.items() for a in ("--spec", f"{n}={url}")],
                    "--draft-file", str(draft), "--target-file", str(target), "--concurrency",
                    ",".join(map(str, concurrencies)), "--context", ",".join(map(str, contexts)), "--repeats",
-                   str(args.profile_repeats), "--json", str(profile))
+                   str(args.profile_repeats), "--engine-version", "b11434 (scripts/build_llamacpp.sh)", "--json",
+                   str(profile))
     dspark("plan", str(run), "--costs", str(profile), "--json", str(plan))
     verdicts = {(v["context"], v["concurrency"]): v for v in json.loads(plan.read_text())["verdicts"]}
     planned_ns = sorted({v["n"] for v in verdicts.values()} - {0, 7})

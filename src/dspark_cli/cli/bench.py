@@ -464,10 +464,10 @@ def _engine_table(profile, padding: tuple[int, int]) -> Table:
         for r in profile.concurrencies:
             for n in profile.draft_ns:
                 plain, spec = profile.plain_ms(r, c), profile.spec[n, r, c]
-                verify = [profile.verify_ms(r, n + 1, c, i) for i in range(profile.repeats)]
+                verify = profile.verify_ms(r, n + 1, c)
                 draft = [profile.draft_ms(r, n, c, i) for i in range(profile.repeats)]
                 accept = profile.acceptance[n, r, c]
-                table.add_row(str(c), str(r), _spread(plain), _spread(verify), _spread(spec), _spread(draft), str(n),
+                table.add_row(str(c), str(r), _spread(plain), f"{verify:.2f}", _spread(spec), _spread(draft), str(n),
                               "" if accept is None else f"{accept:.3f}")
         table.add_section()
     return table
@@ -481,9 +481,8 @@ def _spread(values) -> str:
 
 def _engine_notes(profile) -> list[str]:
     return ["plain step: one decode step of R requests; verify n+1: the target's pass over n + 1 tokens of each of R "
-            "requests (a fresh prompt's time, plus the plain step's cost of R sequences at this context); spec step: "
-            "one speculative step of R requests drafting n; draft + bookkeeping: spec step - verify, the draft's "
-            "time per step at R requests.",
+            "requests (the model of docs/bench.md, from the medians); spec step: one speculative step of R requests "
+            "drafting n; draft + bookkeeping: spec step - verify, the draft's time per step at R requests.",
             f"engine {profile.engine} {profile.engine_version}; hardware {profile.hardware}; target "
             f"{profile.target.path} ({profile.target.fingerprint}), draft {profile.draft.path} "
             f"({profile.draft.fingerprint})."]

@@ -16,24 +16,26 @@ alike and ratios within a repeat are paired):
   context c, on a server drafting n tokens a round: the engine's generation time over its steps (tokens generated
   minus draft tokens accepted).
 
-The cost model, per repeat i (every figure the engine's own; nothing from dspark's PyTorch runtime):
+The cost model. The directly measured figures (D, S) are kept per repeat, so a prediction pairs figures taken
+together; the model's structural terms are fitted to the medians over repeats, so one disturbed sample cannot be
+multiplied into every prediction (ms, every figure the engine's own; nothing from dspark's PyTorch runtime):
 
-    A_i(R, c)    = max(0, D_i(R, c) - D_i(R, 0))              the context's cost to one scored token of each of R
-                                                              sequences (attention over c cached positions);
-                                                              D(R, 0) extrapolated linearly from the two smallest
-                                                              contexts measured (0 with one context)
-    V_i(R, t, c) = θ_i(R·t) + D_i(R, c) - θ_i(R) + (t - 1)·A_i(R, c)
-                                                              verify: R sequences scoring t tokens each at context
-                                                              c (the tokens' forward, what R sequences cost beyond
-                                                              one prompt of R tokens, and each further token's
-                                                              attention over the context)
-    Δ_i(R, n, c) = S_i(R, n, c) - V_i(R, n + 1, c)            the draft's time and the speculation bookkeeping of
-                                                              a step, measured per R (llama.cpp drafts each
-                                                              sequence's block and injects its features
-                                                              separately, so it grows with R)
-    step_i(R, n, t, c) = V_i(R, t, c) + Δ_i(R, n, c)
+    A(R, c)    = max(0, D(R, c) - D(R, 0))            the context's cost to one scored token of each of R sequences
+                                                      (attention over c cached positions); D(R, 0) extrapolated
+                                                      linearly from the two smallest contexts (0 with one context)
+    V(R, t, c) = θ(R·t) + D(R, c) - θ(R) + (t - 1)·A(R, c)
+                                                      verify: R sequences scoring t tokens each at context c (the
+                                                      tokens' forward, what R sequences cost beyond one prompt of R
+                                                      tokens, each further token's attention over the context)
+    Δ_i(R, n, c) = S_i(R, n, c) - V(R, n + 1, c)      the draft's time and the speculation bookkeeping of a step,
+                                                      measured per R (llama.cpp drafts each sequence's block and
+                                                      injects its features separately, so it grows with R)
+    step_i(R, n, t, c) = max(D_i(R, c), Δ_i(R, n, c) + V(R, t, c))
+                                                      a step drafting n and verifying t tokens each; at a measured n
+                                                      verifying all n it is S_i itself; never below the plain step
+                                                      (it runs a target pass over at least one token per sequence)
 
-θ is interpolated linearly between measured token counts; Δ at an n no server drafted is interpolated linearly
+θ is linear between measured token counts; Δ at an n no server drafted is linear between the measured n
 between the measured n (held constant beyond them). Torch-free.
 """
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,37 +97,39 @@ class EngineProfile:
     def plain_ms(self, requests: int, context: int) -> tuple[float, ...]:
         return self.plain[requests, context]
 
-    def theta_ms(self, tokens: float, repeat: int) -> float:
-        """θ of repeat `repeat` at `tokens` (linear between measured counts, clamped at both ends)."""
+    def median_plain(self, requests: int, context: int) -> float:
+        return statistics.median(self.plain[requests, context])
+
+    def theta_ms(self, tokens: float) -> float:
+        """θ at `tokens`, the median over repeats (linear between measured counts, clamped at both ends)."""
         probes = sorted(self.verify)
         if tokens <= probes[0]:
-            return self.verify[probes[0]][repeat]
+            return statistics.median(self.verify[probes[0]])
         if tokens >= probes[-1]:
-            return self.verify[probes[-1]][repeat]
+            return statistics.median(self.verify[probes[-1]])
         hi = bisect.bisect_right(probes, tokens)
         a, b = probes[hi - 1], probes[hi]
-        frac = (tokens - a) / (b - a)
-        return self.verify[a][repeat] + frac * (self.verify[b][repeat] - self.verify[a][repeat])
+        low, high = statistics.median(self.verify[a]), statistics.median(self.verify[b])
+        return low + (tokens - a) / (b - a) * (high - low)
 
-    def context_ms(self, requests: int, context: int, repeat: int) -> float:
-        """A_i(R, c): what c cached positions add to one scored token of each of R sequences."""
-        contexts = [c for c in self.contexts if (requests, c) in self.plain]
+    def context_ms(self, requests: int, context: int) -> float:
+        """A(R, c): what c cached positions add to one scored token of each of R sequences."""
+        contexts = self.contexts
         if len(contexts) < 2:
             return 0.0
-        (c0, c1), plain = contexts[:2], self.plain
-        d0, d1 = plain[requests, c0][repeat], plain[requests, c1][repeat]
+        c0, c1 = contexts[:2]
+        d0, d1 = self.median_plain(requests, c0), self.median_plain(requests, c1)
         at_zero = d0 - c0 * (d1 - d0) / (c1 - c0)
-        return max(0.0, plain[requests, context][repeat] - at_zero)
+        return max(0.0, self.median_plain(requests, context) - at_zero)
 
-    def verify_ms(self, requests: int, tokens_each: float, context: int, repeat: int) -> float:
-        """V_i(R, t, c): R sequences scoring t tokens each at context c."""
-        plain = self.plain[requests, context][repeat]
-        return (self.theta_ms(requests * tokens_each, repeat) + plain - self.theta_ms(requests, repeat)
-                + (tokens_each - 1) * self.context_ms(requests, context, repeat))
+    def verify_ms(self, requests: int, tokens_each: float, context: int) -> float:
+        """V(R, t, c): R sequences scoring t tokens each at context c."""
+        return (self.theta_ms(requests * tokens_each) + self.median_plain(requests, context)
+                - self.theta_ms(requests) + (tokens_each - 1) * self.context_ms(requests, context))
 
     def draft_ms(self, requests: int, n: int, context: int, repeat: int) -> float:
-        """Δ_i(R, n, c): what a speculative step costs beyond its verify pass (interpolated between measured n)."""
-        measured = {m: self.spec[m, requests, context][repeat] - self.verify_ms(requests, m + 1, context, repeat)
+        """Δ_i(R, n, c): what a speculative step costs beyond its verify pass (linear between measured n)."""
+        measured = {m: self.spec[m, requests, context][repeat] - self.verify_ms(requests, m + 1, context)
                     for m in self.draft_ns}
         ns = sorted(measured)
         if n <= ns[0]:
@@ -137,8 +142,9 @@ class EngineProfile:
 
     def step_ms(self, requests: int, context: int, n: int, tokens_each: float) -> list[float]:
         """[repeats] ms of a speculative step: R requests drafting n tokens and verifying `tokens_each` tokens each
-        (the anchor included)."""
-        return [self.verify_ms(requests, tokens_each, context, i) + self.draft_ms(requests, n, context, i)
+        (the anchor included), never below the plain step of the same repeat."""
+        verify = self.verify_ms(requests, tokens_each, context)
+        return [max(self.plain[requests, context][i], self.draft_ms(requests, n, context, i) + verify)
                 for i in range(self.repeats)]
 
     def check_covers(self, concurrencies: list[int], contexts: list[int], path: str) -> None:

@@ -24,8 +24,8 @@ At R concurrent requests (each drafting and verifying its own block every step, 
 The point estimate takes the median over repeats; the interval is [τ low · 25th percentile, τ high · 75th
 percentile] of the repeats' D / step, so it carries both the run's interval and the profile's spread. The chosen
 candidate maximises the point tokens/s (not τ); the verdict is "pays" when its interval lies above 1, "does not
-pay" when every candidate's interval lies below 1 (n = 0: serve without the draft), "undecided" otherwise (n: the
-point estimate's choice, 0 when no candidate's point beats plain decoding). Torch-free.
+pay" when it lies below 1 (n = 0: serve without the draft), "undecided" otherwise (n: the point estimate's choice,
+0 when its point does not beat plain decoding). Torch-free.
 """
 
 from __future__ import annotations
@@ -216,10 +216,10 @@ def judge(verdict: Verdict, predictions: list[Prediction]) -> None:
         verdict.verdict, verdict.n, verdict.threshold = PAYS, best.candidate.n, best.candidate.threshold
         verdict.reason = (f"{best.candidate.label} is predicted {best.speedup:.2f}x plain decoding, interval "
                           f"{best.speedup_low:.2f}-{best.speedup_high:.2f}, above 1")
-    elif all(p.speedup_high < 1.0 for p in predictions):
+    elif best.speedup_high < 1.0:
         verdict.verdict, verdict.n = LOSES, 0
-        verdict.reason = (f"every draft length is predicted slower than plain decoding (the best, {best.candidate.label}, "
-                          f"{best.speedup:.2f}x, interval {best.speedup_low:.2f}-{best.speedup_high:.2f})")
+        verdict.reason = (f"the fastest draft length, {best.candidate.label}, is predicted {best.speedup:.2f}x plain "
+                          f"decoding, interval {best.speedup_low:.2f}-{best.speedup_high:.2f}, below 1")
     else:
         verdict.verdict = UNDECIDED
         if best.speedup > 1.0:
