@@ -129,65 +129,81 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
                    str(profile))
     dspark("plan", str(run), "--costs", str(profile), "--json", str(plan))
     verdicts = {(v["context"], v["concurrency"]): v for v in json.loads(plan.read_text())["verdicts"]}
-    planned_ns = sorted({v["n"] for v in verdicts.values()} - {0, 7})
-    rows = []
+    variants = [(n, None) for n in range(0, 8)]  # plain, then every fixed draft length
+    variants += sorted({(v["n"], v["threshold"]) for v in verdicts.values() if v["threshold"] is not None and v["n"]})
+    serve_prompts = {c: [json.loads(line)["prompt"] for line in prompt_files[c].read_text().splitlines()]
+                     [:args.serve_prompts] for c in contexts}
+    measured: dict[tuple, list[tuple[float | None, float | None]]] = {}
     with ExitStack() as stack:
-        urls = {0: stack.enter_context(llama_server(target, **common))}
-        for n in [7, *planned_ns]:
-            urls[n] = stack.enter_context(llama_server(target, draft, extra=["--spec-draft-n-max", str(n)], **common))
-        servers = {n: probe(url, "baseline" if n == 0 else "speculative", "llamacpp", None) for n, url in urls.items()}
+        urls = {}
+        for n, x in variants:
+            extra = [] if n == 0 else ["--spec-draft-n-max", str(n)] + ([] if x is None else
+                                                                         ["--spec-draft-p-min", str(x)])
+            urls[n, x] = stack.enter_context(llama_server(target, None if n == 0 else draft, extra=extra, **common))
+        servers = {key: probe(url, "baseline" if key[0] == 0 else "speculative", "llamacpp", None)
+                   for key, url in urls.items()}
         for server in servers.values():
             warm_up(server, "def main():", 120.0)
-        measured: dict[tuple[int, int, int], list[tuple[float | None, float | None]]] = {}
         for repeat in range(args.repeats):
             for context in contexts:
-                prompts = [json.loads(line)["prompt"] for line in prompt_files[context].read_text().splitlines()]
                 for c in concurrencies:
-                    order = sorted(servers)
-                    order = order[repeat % len(order):] + order[:repeat % len(order)]
-                    for n in order:
-                        config = ServeConfig(url=urls[n], prompts=prompts, concurrencies=(c,),
+                    order = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
+                    for key in order:
+                        config = ServeConfig(url=urls[key], prompts=serve_prompts[context], concurrencies=(c,),
                                              max_tokens=args.max_tokens, timeout_s=600.0, engine="llamacpp")
-                        level = Level(servers[n].role, "llamacpp", c)
-                        run_level(servers[n], prompts, config, level)
-                        measured.setdefault((context, c, n), []).append((decode_rate(level), level.throughput))
+                        level = Level(servers[key].role, "llamacpp", c)
+                        run_level(servers[key], serve_prompts[context], config, level)
+                        measured.setdefault((context, c, key), []).append((decode_rate(level), level.throughput))
                     print(f"{name} pass {repeat + 1}/{args.repeats} context {context} C={c}: " + ", ".join(
-                        f"n={n} {measured[context, c, n][-1][0]:.0f} tok/s" for n in sorted(servers)), flush=True)
-    (work / "measured.json").write_text(json.dumps({f"{k[0]},{k[1]},{k[2]}": v for k, v in measured.items()},
-                                                   indent=1))
-    for (context, c), v in sorted(verdicts.items()):
-        rows.append(compare(name, context, c, v, measured, sorted(servers), args.repeats))
-    return rows
+                        f"{label(key)} {measured[context, c, key][-1][0]:.0f}" for key in variants) + " tok/s",
+                        flush=True)
+    (work / "measured.json").write_text(json.dumps([{"context": k[0], "concurrency": k[1], "n": k[2][0],
+                                                     "p_min": k[2][1], "decode_and_wall_tokens_per_s": v}
+                                                    for k, v in measured.items()], indent=1))
+    return [compare(name, context, c, v, measured, variants, args.repeats) for (context, c), v in
+            sorted(verdicts.items())]
 
 
-def compare(name: str, context: int, c: int, verdict: dict, measured: dict, ns: list[int], repeats: int) -> dict:
-    """Plan's verdict against the passes: speedups within each pass, their median and range."""
-    def speedups(n: int, index: int) -> list[float]:
-        return [measured[context, c, n][i][index] / measured[context, c, 0][i][index] for i in range(repeats)]
+def label(key: tuple) -> str:
+    n, x = key
+    return f"n={n}" + ("" if x is None else f"@{x:g}")
 
-    decode = {n: speedups(n, 0) for n in ns if n}
-    wall = {n: speedups(n, 1) for n in ns if n}
-    median = {0: 1.0, **{n: statistics.median(v) for n, v in decode.items()}}
-    best_n = max(median, key=median.get)
-    seven = next(p for p in verdict["predictions"] if p["n"] == 7 and p["threshold"] is None) \
-        if verdict["predictions"] else None
-    plan_n = verdict["n"]
-    plan_measured = decode.get(plan_n, [1.0] * repeats)
-    sign_measured = ("gain" if min(decode[7]) > 1 else "loss" if max(decode[7]) < 1 else "undecided")
-    sign_plan = (None if seven is None else "gain" if seven["speedup_interval"][0] > 1
-                 else "loss" if seven["speedup_interval"][1] < 1 else "undecided")
-    best_spread = decode.get(best_n, [1.0] * repeats)
-    n_ok = plan_n == best_n or min(best_spread) <= max(plan_measured)  # within the passes' spread of the best
+
+def compare(name: str, context: int, c: int, verdict: dict, measured: dict, variants: list, repeats: int) -> dict:
+    """Plan's verdict against the passes: each variant's decode speedup over plain decoding within each pass, the
+    median and range; the measured-best fixed n; whether plan's sign (for n = 7 and for its choice) and n agree."""
+    def speedups(key: tuple, index: int) -> list[float]:
+        return [measured[context, c, key][i][index] / measured[context, c, (0, None)][i][index]
+                for i in range(repeats)]
+
+    decode = {key: speedups(key, 0) for key in variants if key[0]}
+    wall = {key: speedups(key, 1) for key in variants if key[0]}
+    fixed = {0: [1.0] * repeats, **{n: decode[n, x] for n, x in decode if x is None}}
+    best_n = max(fixed, key=lambda n: statistics.median(fixed[n]))
+    chosen = (verdict["n"], verdict["threshold"] if verdict["n"] else None)
+    chosen_measured = fixed[0] if chosen[0] == 0 else decode[chosen]
+    predictions = {(p["n"], p["threshold"]): p for p in verdict["predictions"]}
+    seven = predictions.get((7, None))
+
+    def sign(low: float, high: float) -> str:
+        return "gain" if low > 1 else "loss" if high < 1 else "undecided"
+
     best = verdict["best"]
-    return {"pair": name, "context": context, "concurrency": c, "verdict": verdict["verdict"], "plan_n": plan_n,
-            "plan_threshold": verdict["threshold"],
+    return {"pair": name, "context": context, "concurrency": c, "verdict": verdict["verdict"],
+            "plan_n": verdict["n"], "plan_threshold": verdict["threshold"],
+            "plan_best": None if best is None else best["label"],
             "plan_speedup": None if best is None else best["speedup"],
             "plan_interval": None if best is None else best["speedup_interval"],
             "plan_speedup_n7": None if seven is None else seven["speedup"],
             "plan_interval_n7": None if seven is None else seven["speedup_interval"],
-            "measured_n7": decode[7], "measured_n7_wall": wall[7], "measured_plan_n": plan_measured,
-            "measured_best_n": best_n, "sign_plan_n7": sign_plan, "sign_measured_n7": sign_measured,
-            "n_within_noise": n_ok}
+            "measured_fixed": {str(n): v for n, v in fixed.items()}, "measured_n7_wall": wall[7, None],
+            "measured_plan_choice": chosen_measured, "measured_best_n": best_n,
+            "sign_plan_n7": None if seven is None else sign(*seven["speedup_interval"]),
+            "sign_measured_n7": sign(min(fixed[7]), max(fixed[7])),
+            "sign_plan_choice": None if best is None else sign(*best["speedup_interval"]),
+            "sign_measured_choice": sign(min(chosen_measured), max(chosen_measured)),
+            # within noise: plan's choice reached, in some pass, the best n's lowest pass
+            "n_within_noise": max(chosen_measured) >= min(fixed[best_n])}
 
 
 def spread(values: list[float]) -> str:
@@ -201,7 +217,8 @@ def main() -> int:
     parser.add_argument("--profile-repeats", type=int, default=5, help="bench engine's repeats")
     parser.add_argument("--concurrency", default="1,2,4")
     parser.add_argument("--contexts", default="32,512")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=12, help="prompts per context evaluated by dspark eval")
+    parser.add_argument("--serve-prompts", type=int, default=4, help="of them, sent per level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -217,20 +234,22 @@ def main() -> int:
         (out / "comparison.json").write_text(json.dumps(rows, indent=1))
     print(f"\nload average {os.getloadavg()[0]:.1f} (2 cores shared); decode speedups over plain decoding, median "
           f"(range) of {args.repeats} interleaved passes")
-    print("| pair | context | C | plan verdict | plan n | plan speedup [interval] | plan n = 7 [interval] | "
-          "measured n = 7 | measured n = 7, wall | measured plan's n | measured best n | sign (plan / measured) | "
-          "n within noise |")
+    print("| pair | context | C | plan verdict | plan's choice | plan speedup [interval] | plan n = 7 [interval] | "
+          "measured plan's choice | measured n = 7 | measured n = 7, wall | measured best n (its speedup) | "
+          "sign n = 7 plan / measured | n within noise |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         interval = r["plan_interval"] or [0, 0]
         interval7 = r["plan_interval_n7"] or [0, 0]
-        n = str(r["plan_n"]) + ("" if r["plan_threshold"] is None else f" (p-min {r['plan_threshold']:g})")
-        print(f"| {r['pair']} | {r['context']} | {r['concurrency']} | {r['verdict']} | {n} | "
+        choice = str(r["plan_n"]) + ("" if r["plan_threshold"] is None or not r["plan_n"] else
+                                     f" (p-min {r['plan_threshold']:g})")
+        best = r["measured_best_n"]
+        print(f"| {r['pair']} | {r['context']} | {r['concurrency']} | {r['verdict']} | {choice} | "
               f"{(r['plan_speedup'] or 0):.2f} [{interval[0]:.2f}, {interval[1]:.2f}] | "
               f"{(r['plan_speedup_n7'] or 0):.2f} [{interval7[0]:.2f}, {interval7[1]:.2f}] | "
-              f"{spread(r['measured_n7'])} | {spread(r['measured_n7_wall'])} | {spread(r['measured_plan_n'])} | "
-              f"{r['measured_best_n']} | {r['sign_plan_n7']} / {r['sign_measured_n7']} | "
-              f"{'yes' if r['n_within_noise'] else 'no'} |")
+              f"{spread(r['measured_plan_choice'])} | {spread(r['measured_fixed']['7'])} | "
+              f"{spread(r['measured_n7_wall'])} | {best} ({spread(r['measured_fixed'][str(best)])}) | "
+              f"{r['sign_plan_n7']} / {r['sign_measured_n7']} | {'yes' if r['n_within_noise'] else 'no'} |")
     return 0
 
 
