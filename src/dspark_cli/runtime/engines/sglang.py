@@ -101,6 +101,12 @@ def sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
+def plain_argv(request: ServeRequest) -> list[str]:
+    """`python -m sglang.launch_server --model-path TARGET [--port P] [...]`: the target without a draft."""
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
+    argv = [sys.executable, "-m", MODULE, "--model-path", request.target]
+    return argv + ([] if request.port is None else ["--port", str(request.port)]) + list(request.engine_args)
+
 ENGINE = Engine(
     name="sglang", label="SGLang", own_codes=frozenset(), plan=plan_serve, rules=rules,
     source="sgl-project/sglang python/sglang/srt/models/dspark.py and speculative/dspark_components/dspark_config.py "
@@ -108,4 +114,5 @@ ENGINE = Engine(
     layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
     reads="the draft and target folders; an STS temperatures file (the calibration option)",
     installed=sglang_installed, install_hint=INSTALL_HINT,
+    plain=plain_argv,
 )

@@ -101,6 +101,12 @@ def find_trtllm() -> str | None:
     return shutil.which(EXECUTABLE)
 
 
+def plain_argv(request: ServeRequest) -> list[str]:
+    """`trtllm-serve TARGET [--port P] [...]`: the target without a draft."""
+    refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
+    argv = [EXECUTABLE, request.target] + ([] if request.port is None else ["--port", str(request.port)])
+    return argv + list(request.engine_args)
+
 ENGINE = Engine(
     name="trtllm", label="TensorRT-LLM", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
     source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_dspark.py @ 008b54fe, "
@@ -108,4 +114,5 @@ ENGINE = Engine(
     layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a Markov head",
     reads="the draft and target folders, via the YAML (no STS or step-cost file from dspark)",
     installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
+    plain=plain_argv,
 )

@@ -204,9 +204,14 @@ def _quantization(report: Report) -> str:
     return "unquantized"
 
 
+def plain_argv(request: ServeRequest) -> list[str]:
+    """`vllm serve TARGET [--port P] [...]`: the target without a draft."""
+    argv = [VLLM, "serve", request.target] + ([] if request.port is None else ["--port", str(request.port)])
+    return argv + list(request.engine_args)
+
 ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commits listed in docs/serve.md "
                 "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
                 "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
                 layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
                 "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)",
-                installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT)
+                installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT, plain=plain_argv)

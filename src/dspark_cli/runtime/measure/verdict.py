@@ -48,7 +48,7 @@ MIN_PROMPTS = 2
 PAYS, LOSES, UNDECIDED, NO_DATA = "pays", "does not pay", "undecided", "no data"
 # What sets the draft length in each engine (the plan's n): the flag or config field, by engine name.
 DRAFT_LENGTH_FIELD = {"llamacpp": "--spec-draft-n-max", "vllm": "num_speculative_tokens",
-                      "sglang": "speculative_num_draft_tokens", "trtllm": "max_draft_len"}
+                      "sglang": "--speculative-dspark-block-size", "trtllm": "max_draft_len"}
 THRESHOLD_FIELD = {"llamacpp": "--spec-draft-p-min", "vllm": "dspark_confidence_threshold"}
 
 
