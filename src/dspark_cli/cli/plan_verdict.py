@@ -40,8 +40,9 @@ def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Opt
     length_flag = DRAFT_LENGTH_FIELD.get(profile.engine, "the draft length")
     threshold_flag = THRESHOLD_FIELD.get(profile.engine, "the confidence threshold")
     for v in plan.verdicts:
-        setting = "serve without the draft" if v.n == 0 else f"{length_flag} {v.n}" + (
-            "" if v.threshold is None else f", {threshold_flag} {v.threshold:g}")
+        setting = f"{length_flag} {v.n}" + ("" if v.threshold is None else f", {threshold_flag} {v.threshold:g}")
+        if v.n == 0:
+            setting = "no recommendation" if v.verdict == "no data" else "serve without the draft"
         console.print(Text(f"context {v.context}, C = {v.concurrency}: {v.verdict}: {setting}. "
                            f"{render.name_flags(v.reason)}.", style="dim"), highlight=False)
     console.print(Text(f"costs: {profile.engine} {profile.engine_version} on {profile.hardware} ({costs}); "

@@ -187,10 +187,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
 
 
-def predict(profile: EngineProfile, prompts: list[list[Round]], candidate: Candidate, requests: int,
-            context: int) -> Prediction:
-    """The candidate at R requests and context c (module docstring)."""
-    tau, low, high, verified = replayed_tau(prompts, candidate)
+def predict(profile: EngineProfile, replayed: tuple[float, float, float, float], candidate: Candidate,
+            requests: int, context: int) -> Prediction:
+    """The candidate at R requests and context c, from its replayed (τ, low, high, verified) (module docstring)."""
+    tau, low, high, verified = replayed
     steps = profile.step_ms(requests, context, candidate.n, verified)
     plain = profile.plain_ms(requests, context)
     ratios = [d / s for d, s in zip(plain, steps)]
@@ -254,6 +254,8 @@ def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], con
     for context, bucket in zip(contexts, context_buckets(contexts)):
         prompts = rounds_in_bucket(results, bucket)
         rounds = sum(len(p) for p in prompts)
+        enough = rounds >= MIN_ROUNDS and len(prompts) >= MIN_PROMPTS
+        replayed = {c: replayed_tau(prompts, c) for c in candidates} if enough else {}
         for requests in concurrencies:
             plain = profile.plain_ms(requests, context)
             median_plain = statistics.median(plain)
@@ -261,12 +263,12 @@ def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], con
                       for n in profile.draft_ns}
             verdict = Verdict(requests, context, bucket, rounds, len(prompts), median_plain,
                               1000.0 * requests / median_plain, drafts)
-            if rounds < MIN_ROUNDS or len(prompts) < MIN_PROMPTS:
+            if not enough:
                 verdict.reason = (f"the runs hold {rounds} rounds from {len(prompts)} prompts at contexts "
                                   f"{_range(bucket)}; at least {MIN_ROUNDS} rounds from {MIN_PROMPTS} prompts are "
                                   "needed: evaluate prompts that reach this context")
             else:
-                judge(verdict, [predict(profile, prompts, c, requests, context) for c in candidates])
+                judge(verdict, [predict(profile, replayed[c], c, requests, context) for c in candidates])
             verdicts.append(verdict)
     return VerdictPlan(list(run_names), profile, block, verdicts, notes)
 
