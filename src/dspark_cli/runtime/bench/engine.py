@@ -17,8 +17,9 @@ tokens generated, the first of them free from the prompt's logits, and with a dr
   draft_n_accepted)` (a step emits its accepted draft tokens and one more).
 
 Prompts are windows of real text (the corpus given, tokenized by the server), distinct per request. A warm-up
-pass over every point comes first and is dropped; then `repeats` passes, each over every point in a rotated order,
-so sample i of every point was taken in the same pass. The profile is labelled with the engine and its build, the
+pass over every point comes first and is dropped; then `repeats` passes, each over every point in a rotated order
+(grouped by context, so the slots' cached prompts change once per context), so sample i of every point was taken in
+the same pass. The profile is labelled with the engine and its build, the
 hardware of this machine (the engine's when its URL is local), and the model files' fingerprints, with the folder
 each GGUF was converted from (dspark convert records it), which `dspark plan` matches against the eval runs.
 Torch-free, stdlib HTTP and threads.
@@ -158,12 +159,22 @@ class Sampler:
         self.verify_tokens = sorted({r * t for r in config.concurrencies for t in range(1, block + 2)})
         self.fresh = 0  # where the next fresh verify prompt starts in the token stream
 
-    def jobs(self) -> list[tuple]:
-        jobs: list[tuple] = [("verify", m) for m in self.verify_tokens]
-        jobs += [("plain", r, c) for c in self.config.contexts for r in self.config.concurrencies]
-        jobs += [("spec", n, r, c) for n in sorted(self.spec) for c in self.config.contexts
-                 for r in self.config.concurrencies]
-        return jobs
+    def groups(self) -> list[list[tuple]]:
+        """The points in groups that share prompts: the verify passes, then each context's plain and speculative
+        steps (so a pass switches the slots' cached prompts once per context, not once per point)."""
+        groups: list[list[tuple]] = [[("verify", m) for m in self.verify_tokens]]
+        for c in self.config.contexts:
+            group = [("plain", r, c) for r in self.config.concurrencies]
+            group += [("spec", n, r, c) for n in sorted(self.spec) for r in self.config.concurrencies]
+            groups.append(group)
+        return groups
+
+    def order(self, repeat: int) -> list[tuple]:
+        """Every point once: the groups and the points within each rotated by the pass number."""
+        groups = self.groups()
+        shift = max(repeat, 0)
+        groups = groups[shift % len(groups):] + groups[:shift % len(groups)]
+        return [job for group in groups for job in group[shift % len(group):] + group[:shift % len(group)]]
 
     def window(self, start: int, length: int) -> list[int]:
         stream = self.tokens
@@ -247,12 +258,11 @@ def profile_engine(config: ProfileConfig, on_sample: Callable[[tuple, int, float
     if not isinstance(tokens, list) or len(tokens) < 16:
         raise DsparkError("the prompts give fewer than 16 tokens; give a longer prompts file.")
     sampler = Sampler(plain, spec, [int(t) for t in tokens], config, block)
-    jobs = sampler.jobs()
+    jobs = sampler.order(0)
     samples: dict[tuple, list[float]] = {job: [] for job in jobs}
     acceptance: dict[tuple, list[float]] = {job: [] for job in jobs}
     for repeat in range(-1, config.repeats):
-        shift = (repeat % len(jobs)) if repeat >= 0 else 0
-        for job in jobs[shift:] + jobs[:shift]:
+        for job in sampler.order(repeat):
             ms, accepted = sampler.sample(job)
             if repeat >= 0:
                 samples[job].append(ms)
