@@ -1,8 +1,9 @@
-"""Start the real llama.cpp `llama-server` (release b11434, scripts/build_llamacpp.sh) on the demo pair, for tests
+"""Start the real llama.cpp `llama-server` (release b11434, scripts/build_llamacpp.sh) on a demo pair, for tests
 and scripts (scripts/llamacpp_check.py, tests/fixtures/llama_server.py).
 
-    from llamacpp_server import available, demo_gguf, llama_server
+    from llamacpp_server import LARGE_DIR, available, demo_gguf, large_gguf, llama_server
     target, draft = demo_gguf(work_dir)                       # converted once; reused when already there
+    target, draft = large_gguf(LARGE_DIR)                     # the demo-large pair (docs/demo-large.md), built once
     with llama_server(target, draft, slots=2) as url:         # http://127.0.0.1:PORT, /health answered
         ...                                                   # POST url + "/completion", "/v1/completions"
     with llama_server(target) as url:                         # the target alone: the baseline
@@ -31,6 +32,7 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 CACHE = Path(os.environ.get("DSPARK_LLAMACPP_CACHE", Path.home() / ".cache/dspark/llama.cpp-b11434"))
 SERVER = CACHE / "build" / "bin" / "llama-server"
+LARGE_DIR = Path.home() / ".cache" / "dspark" / "demo-large"  # scripts/build_demo.py --pair demo-large's default
 
 
 def available() -> bool:
@@ -42,20 +44,48 @@ def demo_gguf(work_dir: Path) -> tuple[Path, Path]:
     """The demo pair as GGUF files in work_dir: (target.gguf, draft.gguf), both written by `dspark convert --to
     gguf`'s library half (runtime/convert/target_gguf.py and gguf.py). Files already there are reused; new ones
     are written beside and renamed into place."""
-    from dspark_cli.runtime.convert.gguf import convert_to_gguf
-    from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf
     from dspark_cli.runtime.demo import DEMO_DIR
 
-    work_dir = Path(work_dir)
+    return pair_gguf(DEMO_DIR / "target", DEMO_DIR / "draft", Path(work_dir))
+
+
+def large_gguf(pair_dir: Path, extra_layers: int | None = None) -> tuple[Path, Path]:
+    """The demo-large pair (runtime/train/demo_large.py: the demo target with `extra_layers` inert layers, the demo
+    draft) as GGUF files: (PAIR_DIR/gguf/target.gguf, PAIR_DIR/gguf/draft.gguf). The pair is built in pair_dir
+    when absent; one already there must have been built with as many extra layers. GGUFs are reused as in
+    demo_gguf."""
+    import json
+
+    from dspark_cli.runtime.demo import DEMO_DIR
+    from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair
+
+    pair_dir = Path(pair_dir)
+    extra_layers = DEFAULT_EXTRA_LAYERS if extra_layers is None else extra_layers
+    config = pair_dir / "target" / "config.json"
+    if not config.is_file():
+        build_large_pair(pair_dir, extra_layers)
+    depth = json.loads(config.read_text())["num_hidden_layers"]
+    base = json.loads((DEMO_DIR / "target" / "config.json").read_text())["num_hidden_layers"]
+    if depth != base + extra_layers:
+        raise RuntimeError(f"{pair_dir} holds a demo-large target of {depth} layers, not {base} + {extra_layers}; "
+                           "remove it or build it again (python scripts/build_demo.py --pair demo-large)")
+    return pair_gguf(pair_dir / "target", pair_dir / "draft", pair_dir / "gguf")
+
+
+def pair_gguf(target_folder: Path, draft_folder: Path, work_dir: Path) -> tuple[Path, Path]:
+    """A target folder and its draft as work_dir/target.gguf and work_dir/draft.gguf (reused when there)."""
+    from dspark_cli.runtime.convert.gguf import convert_to_gguf
+    from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf
+
     work_dir.mkdir(parents=True, exist_ok=True)
     target, draft = work_dir / "target.gguf", work_dir / "draft.gguf"
     if not target.is_file():
         partial = work_dir / f"target.{os.getpid()}.partial.gguf"
-        convert_target_to_gguf(str(DEMO_DIR / "target"), partial, force=True)
+        convert_target_to_gguf(str(target_folder), partial, force=True)
         partial.replace(target)
     if not draft.is_file():
         partial = work_dir / f"draft.{os.getpid()}.partial.gguf"
-        convert_to_gguf(str(DEMO_DIR / "draft"), partial, target=str(DEMO_DIR / "target"), force=True)
+        convert_to_gguf(str(draft_folder), partial, target=str(target_folder), force=True)
         partial.replace(draft)
     return target, draft
 

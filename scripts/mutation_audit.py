@@ -2,12 +2,13 @@
 
     python scripts/mutation_audit.py [ID ...]     # all mutations, or the named ones
 
-Works on a temporary copy of src/ and tests/ (the checkout is never edited). Prints one line per mutation, CAUGHT
-(with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
+Works on a temporary copy of src/, tests/ and scripts/ (the checkout is never edited). Prints one line per
+mutation, CAUGHT (with the first failing test) or MISSED, and ends with "N/N caught". The list is the audit of issue 22 (sampling,
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
-contract's, regen's and bench serve's (N1-N9), and the Gated DeltaNet score pass's (G1-G3).
+contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's (G1-G3), and the demo-large pair's
+inert layers (L1-L3).
 """
 
 from __future__ import annotations
@@ -265,6 +266,22 @@ MUTATIONS = [
     m("G3", "the kept recurrent state without the start state's decay", "model/gdn_scoring.py",
       [("return (self.log_decay[:, kept - 1].exp()[:, None, None] * self.start",
         "return (self.start")], "test_gdn_scoring.py"),
+    # the demo-large pair's inert layers (L1-L3)
+    m("L1", "an inert layer's mlp.down_proj random, not zero", "train/demo_large.py",
+      [('ZEROED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")', 'ZEROED = ("self_attn.o_proj.weight",)')],
+      "test_demo_large.py::test_the_grown_target_has_the_demo_targets_logits_and_greedy_tokens"),
+    m("L2", "the inert layers inserted before the trained ones (the draft's layer ids read other states)",
+      "train/demo_large.py",
+      [("    tensors = load_file(str(source / WEIGHTS))  # name -> tensor in the source's dtype\n",
+        "    tensors = {__import__('re').sub(r'layers\\.(\\d+)\\.', lambda m: f'layers.{int(m[1]) + extra_layers}.', "
+        "n): t for n, t in load_file(str(source / WEIGHTS)).items()}\n"),
+       ('if name.startswith(f"{LAYER_PREFIX}0.")}', 'if name.startswith(f"{LAYER_PREFIX}{extra_layers}.")}'),
+       ("for layer in range(depth, depth + extra_layers):", "for layer in range(extra_layers):"),
+       ('removeprefix(f"{LAYER_PREFIX}0.")', 'removeprefix(f"{LAYER_PREFIX}{extra_layers}.")')],
+      "test_demo_large.py::test_speculation_accepts_on_the_grown_target_as_on_the_demo_target"),
+    m("L3", "the grown config keeps the source's num_hidden_layers", "train/demo_large.py",
+      [('"num_hidden_layers": depth + extra_layers}', '"num_hidden_layers": depth}')],
+      "test_demo_large.py::test_the_gguf_holds_every_layer"),
 ]
 
 
@@ -295,7 +312,7 @@ def main(ids: list[str]) -> int:
     chosen = [mu for mu in MUTATIONS if not ids or mu.id in ids]
     with tempfile.TemporaryDirectory(prefix="dspark-mutations-") as tmp:
         copy = Path(tmp)
-        for part in ("src", "tests", "docs", "pyproject.toml", "README.md"):
+        for part in ("src", "tests", "docs", "scripts", "pyproject.toml", "README.md"):
             source = ROOT / part
             (shutil.copytree if source.is_dir() else shutil.copy2)(source, copy / part)
         caught = 0

@@ -10,6 +10,7 @@
 - checks.py       checks before allocating (window, memory), resume points, `checkpoint_shape`
 - data.py         text / JSONL / chat data -> token stream;  output.py: the output folder, claimed up front
 - tiny_target.py  next-token training of a tiny target;  demo_build.py: the deterministic demo-pair builder
+- demo_large.py   the demo-large pair: the demo target grown by inert layers (its function, a real target's cost)
 - feature_cache.py `dspark features`' cache on disk: shards, manifest, `FeatureCache`, `FeatureBank` (train --features)
 - features_run.py  one `dspark features` run;  speculators.py: speculators' hs_<i>.safetensors as records
 - head_weights.py  the target's embedding / final norm / lm_head alone;  cached.py: train --features' checks
