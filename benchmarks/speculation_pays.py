@@ -52,11 +52,13 @@ def dspark(*args: str) -> None:
     print(run.stdout[-6000:] if args[0] in ("plan", "bench") else "", end="", flush=True)
 
 
-def pair_folders(name: str) -> tuple[Path, Path]:
+def pair_folders(name: str, large_dir: Path) -> tuple[Path, Path]:
     from dspark_cli.runtime.demo import DEMO_DIR
 
     if name == "demo":
         return DEMO_DIR / "target", DEMO_DIR / "draft"
+    if (large_dir / "target" / "config.json").is_file():
+        return large_dir / "target", large_dir / "draft"
     from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair
 
     if not (LARGE_DIR / "target" / "config.json").is_file():
@@ -106,7 +108,7 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
 
     work = out / name
     work.mkdir(parents=True, exist_ok=True)
-    target_dir, draft_dir = pair_folders(name)
+    target_dir, draft_dir = pair_folders(name, args.large_dir)
     prompt_files = write_prompt_sets(work, args.prompts, contexts)
     run = work / "run.json"
     if not run.is_file():
@@ -129,7 +131,7 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
                    str(profile))
     dspark("plan", str(run), "--costs", str(profile), "--json", str(plan))
     verdicts = {(v["context"], v["concurrency"]): v for v in json.loads(plan.read_text())["verdicts"]}
-    variants = [(n, None) for n in range(0, 8)]  # plain, then every fixed draft length
+    variants = [(n, None) for n in range(0, args.max_n + 1)]  # plain, then every fixed draft length
     variants += sorted({(v["n"], v["threshold"]) for v in verdicts.values() if v["threshold"] is not None and v["n"]})
     serve_prompts = {c: [json.loads(line)["prompt"] for line in prompt_files[c].read_text().splitlines()]
                      [:args.serve_prompts] for c in contexts}
@@ -216,10 +218,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved measurement passes")
     parser.add_argument("--profile-repeats", type=int, default=5, help="bench engine's repeats")
     parser.add_argument("--concurrency", default="1,2,4")
+    parser.add_argument("--max-n", type=int, default=7, help="fixed draft lengths measured: 1..MAX_N")
     parser.add_argument("--contexts", default="32,512")
     parser.add_argument("--prompts", type=int, default=12, help="prompts per context evaluated by dspark eval")
     parser.add_argument("--serve-prompts", type=int, default=4, help="of them, sent per level")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--large-dir", type=Path, default=LARGE_DIR, help="the demo-large pair's folder (built "
+                        "there when absent)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not available():
