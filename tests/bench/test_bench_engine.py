@@ -137,7 +137,7 @@ def test_a_speculative_server_that_drafts_nothing_is_refused(ggufs):
         with pytest.raises(DsparkError) as refused:
             profile_engine(config(plain, [idle], draft, repeats=1))
     assert str(refused.value) == (f"the server at {idle.url} drafted nothing: it is not speculating (started without "
-                                  "-md and --spec-type?); give a server that drafts.")
+                                  "a draft model and a speculative type?); give a server that drafts.")
 
 
 def test_a_plain_server_that_reuses_its_cache_for_a_fresh_prompt_is_refused(ggufs):

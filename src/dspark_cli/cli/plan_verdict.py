@@ -19,7 +19,8 @@ def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Opt
         other_pair: bool, out: Optional[Path], json_path: Optional[Path]) -> None:
     from dspark_cli.runtime.io.outputs import atomic_write_text
     from dspark_cli.runtime.measure.engine_profile import read_engine_profile
-    from dspark_cli.runtime.measure.verdict import DRAFT_LENGTH_FIELD, THRESHOLD_FIELD, check_pair, decide
+    from dspark_cli.runtime.engines import ENGINES
+    from dspark_cli.runtime.measure.verdict import check_pair, decide
 
     profile = read_engine_profile(costs, doc)
     notes = check_pair(loaded, profile, other_pair)
@@ -28,17 +29,18 @@ def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Opt
     if out is not None and (len(loads) != 1 or len(contexts) != 1):
         raise DsparkError("the output option writes the plan `dspark serve --from-plan` deploys, which holds for one "
                           "load: give one concurrency and one context with it.")
-    plan = decide(loaded, profile, loads, contexts, [str(p) for p in runs])
+    served = ENGINES.get(profile.engine)
+    length_flag = served.draft_length_setting if served else "the draft length"
+    threshold_flag = served.threshold_setting if served else None
+    plan = decide(loaded, profile, loads, contexts, [str(p) for p in runs], thresholds=threshold_flag is not None)
     plan.notes[:0] = notes
-    document = plan.to_dict()
+    document = {**plan.to_dict(), "draft_length_setting": length_flag, "threshold_setting": threshold_flag}
     if out is not None:
         atomic_write_text(out, json.dumps(document, indent=2) + "\n")
     if json_path is not None:
         render.emit_json(document, json_path)
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(render.fitted(console, lambda padding: verdict_table(plan, padding)))
-    length_flag = DRAFT_LENGTH_FIELD.get(profile.engine, "the draft length")
-    threshold_flag = THRESHOLD_FIELD.get(profile.engine, "the confidence threshold")
     for v in plan.verdicts:
         setting = f"{length_flag} {v.n}" + ("" if v.threshold is None else f", {threshold_flag} {v.threshold:g}")
         if v.n == 0:

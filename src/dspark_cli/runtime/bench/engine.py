@@ -224,7 +224,7 @@ class Sampler:
         accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
         if drafted == 0:
             raise DsparkError(f"the server at {self.spec[n].url} drafted nothing: it is not speculating (started "
-                              "without -md and --spec-type?); give a server that drafts.")
+                              "without a draft model and a speculative type?); give a server that drafts.")
         steps = [t["predicted_ms"] / max(t["predicted_n"] - 1 - t.get("draft_n_accepted", 0), 1) for t in timings]
         return statistics.median(steps), accepted / drafted
 
@@ -291,7 +291,7 @@ def draft_block_size(path: str) -> int:
     value = gguf_metadata(path, ["dflash.block_size"])["dflash.block_size"]
     if not isinstance(value, int) or value < 1:
         raise DsparkError(f"{path} has no dflash.block_size: give the draft GGUF the speculative servers load "
-                          "(`dspark convert DRAFT --to gguf`).")
+                          "(`dspark convert DRAFT` with the to option gguf).")
     return value
 
 

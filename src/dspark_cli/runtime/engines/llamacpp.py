@@ -125,7 +125,7 @@ ENGINE = Engine(
            "vanilla unquantized Markov head",
     reads="the target's and the draft's GGUF files",
     installed=lambda: shutil.which(LLAMA_SERVER) is not None,
-    plain=plain_argv,
+    plain=plain_argv, draft_length_setting="--spec-draft-n-max", threshold_setting="--spec-draft-p-min",
     install_hint="llama.cpp is not installed here (no `llama-server` on PATH): build it (scripts/build_llamacpp.sh "
                  "builds release b11434) and put its bin/ folder on PATH, then run the command above.",
 )

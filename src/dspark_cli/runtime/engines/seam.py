@@ -155,6 +155,8 @@ class Engine:
     installed: Callable[[], bool] = lambda: False  # whether its command can start here (nothing imported)
     install_hint: str = ""  # how to install it, one sentence
     plain: Callable[[ServeRequest], list[str]] | None = None  # the target alone: when a plan says do not speculate
+    draft_length_setting: str = ""  # the flag or config field that sets the draft tokens per round
+    threshold_setting: str | None = None  # the one that cuts a drafted block at a confidence threshold, if any
 
     def refuses(self, report: Report) -> list[Finding]:
         """The errors of validate's report that block this engine: all but the restrictions of other engines."""

@@ -114,5 +114,5 @@ ENGINE = Engine(
     layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
     reads="the draft and target folders; an STS temperatures file (the calibration option)",
     installed=sglang_installed, install_hint=INSTALL_HINT,
-    plain=plain_argv,
+    plain=plain_argv, draft_length_setting="--speculative-dspark-block-size",
 )

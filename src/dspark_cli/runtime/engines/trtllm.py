@@ -114,5 +114,5 @@ ENGINE = Engine(
     layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a Markov head",
     reads="the draft and target folders, via the YAML (no STS or step-cost file from dspark)",
     installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
-    plain=plain_argv,
+    plain=plain_argv, draft_length_setting="max_draft_len",
 )

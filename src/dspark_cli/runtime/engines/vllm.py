@@ -214,4 +214,5 @@ ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commi
                 "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
                 layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
                 "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)",
-                installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT, plain=plain_argv)
+                installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT, plain=plain_argv,
+                draft_length_setting="num_speculative_tokens", threshold_setting="dspark_confidence_threshold")

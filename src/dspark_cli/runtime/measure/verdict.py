@@ -46,10 +46,6 @@ THRESHOLDS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 MIN_ROUNDS = 20
 MIN_PROMPTS = 2
 PAYS, LOSES, UNDECIDED, NO_DATA = "pays", "does not pay", "undecided", "no data"
-# What sets the draft length in each engine (the plan's n): the flag or config field, by engine name.
-DRAFT_LENGTH_FIELD = {"llamacpp": "--spec-draft-n-max", "vllm": "num_speculative_tokens",
-                      "sglang": "--speculative-dspark-block-size", "trtllm": "max_draft_len"}
-THRESHOLD_FIELD = {"llamacpp": "--spec-draft-p-min", "vllm": "dspark_confidence_threshold"}
 
 
 @dataclass(frozen=True)
@@ -129,8 +125,7 @@ class VerdictPlan:
         return {"format": VERDICT_PLAN_FORMAT, "runs": self.runs, "block_size": self.block_size,
                 "costs": p.source, "engine": p.engine, "engine_version": p.engine_version, "hardware": p.hardware,
                 "models": {"target": p.target.to_dict(), "draft": p.draft.to_dict()},
-                "draft_length_field": DRAFT_LENGTH_FIELD.get(p.engine), "verdicts": [v.to_dict() for v in
-                                                                                     self.verdicts],
+                "verdicts": [v.to_dict() for v in self.verdicts],
                 "speculative_config": self.speculative_config(), "notes": self.notes}
 
     def speculative_config(self) -> dict | None:
@@ -230,8 +225,9 @@ def judge(verdict: Verdict, predictions: list[Prediction]) -> None:
 
 
 def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], contexts: Sequence[int],
-           run_names: Sequence[str] = ()) -> VerdictPlan:
-    """A verdict per (concurrency, context) from eval runs (evaluation.EvalRun) and an engine profile."""
+           run_names: Sequence[str] = (), thresholds: bool = True) -> VerdictPlan:
+    """A verdict per (concurrency, context) from eval runs (evaluation.EvalRun) and an engine profile; `thresholds`:
+    whether the engine cuts a drafted block at a confidence threshold (then those candidates are judged too)."""
     profile.check_covers(list(concurrencies), list(contexts), profile.source)
     block = max(run.settings["block_size"] for run in runs)
     if block != profile.block_size:
@@ -249,7 +245,7 @@ def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], con
     if len(profile.draft_ns) == 1:
         notes.append(f"the profile measured one draft length ({profile.draft_ns[0]}): the draft's cost at other "
                      "lengths is taken as the same; profile a second server drafting fewer tokens to price it.")
-    candidates = candidates_for(block, has_logits, profile.engine in THRESHOLD_FIELD)
+    candidates = candidates_for(block, has_logits, thresholds)
     verdicts = []
     for context, bucket in zip(contexts, context_buckets(contexts)):
         prompts = rounds_in_bucket(results, bucket)
