@@ -59,11 +59,10 @@ def pair_folders(name: str, large_dir: Path) -> tuple[Path, Path]:
         return DEMO_DIR / "target", DEMO_DIR / "draft"
     if (large_dir / "target" / "config.json").is_file():
         return large_dir / "target", large_dir / "draft"
-    from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair
+    from dspark_cli.runtime.train.demo_large import build_large_pair
 
-    if not (LARGE_DIR / "target" / "config.json").is_file():
-        build_large_pair(LARGE_DIR, DEFAULT_EXTRA_LAYERS)
-    return LARGE_DIR / "target", LARGE_DIR / "draft"
+    build_large_pair(large_dir)
+    return large_dir / "target", large_dir / "draft"
 
 
 def write_prompt_sets(out: Path, count: int, contexts: list[int]) -> dict[int, Path]:

@@ -5,8 +5,8 @@
     python scripts/build_demo.py --out /tmp/demo --work /tmp/demo-work
     python scripts/build_demo.py --card-only           # re-render MODEL_CARD.md from build/demo/build_report.json
     python scripts/build_demo.py --pair demo-hybrid --card-only   # ... with build/demo-hybrid/speed.md's figures
-    python scripts/build_demo.py --pair demo-large     # the demo pair with inert layers: ~/.cache/dspark/demo-large
-    python scripts/build_demo.py --pair demo-large --extra-layers 64 --out /tmp/demo-large
+    python scripts/build_demo.py --pair demo-large     # the demo pair, inert MLP units: ~/.cache/dspark/demo-large
+    python scripts/build_demo.py --pair demo-large --mlp-width 768 --extra-layers 64 --out /tmp/demo-large
 
 Trains a byte-level BPE tokenizer (the hybrid pair reuses the attention pair's), a small target (a Qwen3, or a
 Qwen3.5-style Gated DeltaNet / attention hybrid), a DSpark draft and a DFlash draft (same budget) on the running
@@ -14,7 +14,7 @@ interpreter's standard-library sources, evaluates both drafts with the speculati
 T = 0 and T = 1, and writes the target, the DSpark draft, the tokenizer and the model card. The target and the
 drafts are cached in the work folder: a build run again with the same recipe resumes after its last whole stage.
 
-The demo-large pair trains nothing: the shipped demo target grown by inert decoder layers (the same function, the
+The demo-large pair trains nothing: the shipped demo target grown by inert weights (the same function, the
 cost of a target far beyond the CPU's cache) and the demo draft, with both as llama.cpp GGUFs in OUT/gguf/
 (runtime/train/demo_large.py, docs/demo-large.md); too large for the wheel, it is written outside the checkout and
 replaced when built again.
@@ -46,7 +46,7 @@ from dspark_cli.runtime.demo import DEMO_DIR, demo_folder  # noqa: E402
 from dspark_cli.runtime.io.outputs import replace_path  # noqa: E402
 from dspark_cli.runtime.train.demo_build import (HYBRID_RECIPE, DemoRecipe, build_demo, model_card,  # noqa: E402
                                               report_from_json, report_json)
-from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair  # noqa: E402
+from dspark_cli.runtime.train.demo_large import DEFAULT_RECIPE, LargeRecipe, build_large_pair  # noqa: E402
 from llamacpp_server import LARGE_DIR, large_gguf  # noqa: E402
 
 RECIPES = {"demo": DemoRecipe(), "demo-hybrid": HYBRID_RECIPE}
@@ -57,9 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=sorted([*RECIPES, "demo-large"]), default="demo",
                         help="which pair: demo (attention, the default), demo-hybrid (Qwen3.5-style target) or "
-                        "demo-large (the demo pair, its target grown by inert layers)")
+                        "demo-large (the demo pair, its target grown by inert weights)")
     parser.add_argument("--extra-layers", type=int, help="demo-large: the inert layers appended to the demo "
-                        f"target (default {DEFAULT_EXTRA_LAYERS})")
+                        f"target (default {DEFAULT_RECIPE.extra_layers})")
+    parser.add_argument("--mlp-width", type=int, help="demo-large: the MLP units of every layer, the new ones inert "
+                        f"(default {DEFAULT_RECIPE.mlp_width}; 768 keeps the demo target's)")
     parser.add_argument("--out", type=Path, help="where target/, draft/ and MODEL_CARD.md go (default: the pair's "
                         "folder in src/dspark_cli/runtime/assets/; demo-large: ~/.cache/dspark/demo-large)")
     parser.add_argument("--work", type=Path, help="cached target and draft stages, DFlash draft and build_report.json "
@@ -71,10 +73,12 @@ def main() -> None:
     if args.pair == "demo-large":
         if args.work or args.card_only:
             parser.error("the demo-large pair has no work folder and no card to re-render; pass --out at most")
-        build_large(args.out or LARGE_DIR, DEFAULT_EXTRA_LAYERS if args.extra_layers is None else args.extra_layers)
+        recipe = LargeRecipe(DEFAULT_RECIPE.extra_layers if args.extra_layers is None else args.extra_layers,
+                             DEFAULT_RECIPE.mlp_width if args.mlp_width is None else args.mlp_width)
+        build_large(args.out or LARGE_DIR, recipe)
         return
-    if args.extra_layers is not None:
-        parser.error("--extra-layers is for --pair demo-large")
+    if args.extra_layers is not None or args.mlp_width is not None:
+        parser.error("--extra-layers and --mlp-width are for --pair demo-large")
     recipe = RECIPES[args.pair]
     args.out = args.out or demo_folder(args.pair)
     args.work = args.work or REPO / "build" / args.pair
@@ -110,12 +114,12 @@ def main() -> None:
           f"all stages {sum(report.seconds.values()) / 60:.1f} min")
 
 
-def build_large(out: Path, extra_layers: int) -> None:
+def build_large(out: Path, recipe: LargeRecipe) -> None:
     """OUT/target, OUT/draft, OUT/MODEL_CARD.md (replacing an earlier OUT) and OUT/gguf/{target,draft}.gguf."""
     started = time.perf_counter()
-    build_large_pair(out, extra_layers, force=True)
-    target, draft = large_gguf(out, extra_layers)
-    print(f"demo-large pair ({extra_layers} inert layers) written to {out}; GGUFs {target} "
+    build_large_pair(out, recipe, force=True)
+    target, draft = large_gguf(out, recipe)
+    print(f"demo-large pair ({recipe}) written to {out}; GGUFs {target} "
           f"({target.stat().st_size / 1e6:.0f} MB) and {draft}; took {time.perf_counter() - started:.0f} s")
 
 

@@ -49,26 +49,27 @@ def demo_gguf(work_dir: Path) -> tuple[Path, Path]:
     return pair_gguf(DEMO_DIR / "target", DEMO_DIR / "draft", Path(work_dir))
 
 
-def large_gguf(pair_dir: Path, extra_layers: int | None = None) -> tuple[Path, Path]:
-    """The demo-large pair (runtime/train/demo_large.py: the demo target with `extra_layers` inert layers, the demo
-    draft) as GGUF files: (PAIR_DIR/gguf/target.gguf, PAIR_DIR/gguf/draft.gguf). The pair is built in pair_dir
-    when absent; one already there must have been built with as many extra layers. GGUFs are reused as in
-    demo_gguf."""
+def large_gguf(pair_dir: Path, recipe=None) -> tuple[Path, Path]:
+    """The demo-large pair (runtime/train/demo_large.py: the demo target grown by `recipe`, default its
+    DEFAULT_RECIPE; the demo draft) as GGUF files: (PAIR_DIR/gguf/target.gguf, PAIR_DIR/gguf/draft.gguf). The pair is
+    built in pair_dir when absent; one already there must have the recipe's depth and MLP width. GGUFs are reused as
+    in demo_gguf."""
     import json
 
     from dspark_cli.runtime.demo import DEMO_DIR
-    from dspark_cli.runtime.train.demo_large import DEFAULT_EXTRA_LAYERS, build_large_pair
+    from dspark_cli.runtime.train.demo_large import DEFAULT_RECIPE, build_large_pair
 
-    pair_dir = Path(pair_dir)
-    extra_layers = DEFAULT_EXTRA_LAYERS if extra_layers is None else extra_layers
+    pair_dir, recipe = Path(pair_dir), recipe or DEFAULT_RECIPE
     config = pair_dir / "target" / "config.json"
     if not config.is_file():
-        build_large_pair(pair_dir, extra_layers)
-    depth = json.loads(config.read_text())["num_hidden_layers"]
-    base = json.loads((DEMO_DIR / "target" / "config.json").read_text())["num_hidden_layers"]
-    if depth != base + extra_layers:
-        raise RuntimeError(f"{pair_dir} holds a demo-large target of {depth} layers, not {base} + {extra_layers}; "
-                           "remove it or build it again (python scripts/build_demo.py --pair demo-large)")
+        build_large_pair(pair_dir, recipe)
+    grown = json.loads(config.read_text())
+    base = json.loads((DEMO_DIR / "target" / "config.json").read_text())
+    shape = (base["num_hidden_layers"] + recipe.extra_layers, recipe.mlp_width or base["intermediate_size"])
+    if (grown["num_hidden_layers"], grown["intermediate_size"]) != shape:
+        raise RuntimeError(f"{pair_dir} holds a demo-large target of {grown['num_hidden_layers']} layers and MLP width "
+                           f"{grown['intermediate_size']}, not {shape[0]} and {shape[1]}; remove it or build it again "
+                           "(python scripts/build_demo.py --pair demo-large)")
     return pair_gguf(pair_dir / "target", pair_dir / "draft", pair_dir / "gguf")
 
 

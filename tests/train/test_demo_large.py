@@ -16,10 +16,12 @@ from llama_server import demo_ggufs, llama_server, needs_llamacpp  # noqa: F401 
 from llamacpp_check import demo_prompts  # scripts/ is on sys.path once llama_server is imported
 
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.train.demo_large import build_large_pair
+from dspark_cli.runtime.train.demo_large import LargeRecipe, build_large_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA = 2
+DEEP = LargeRecipe(extra_layers=EXTRA, mlp_width=None, float32=False)  # inert layers only, the demo's dtype
+WIDE = LargeRecipe(extra_layers=0, mlp_width=1024)  # inert MLP units only, float32 (the default's kind, smaller)
 DEPTH = 8 + EXTRA  # the demo target's 8 trained layers, then the inert ones
 NEW_TOKENS = 24
 ZEROED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # written here, not imported: a test of the module
@@ -27,7 +29,12 @@ ZEROED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # written here, no
 
 @pytest.fixture(scope="module")
 def large(tmp_path_factory) -> Path:
-    return build_large_pair(tmp_path_factory.mktemp("large") / "pair", EXTRA, seed=0)
+    return build_large_pair(tmp_path_factory.mktemp("large") / "pair", DEEP)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> Path:
+    return build_large_pair(tmp_path_factory.mktemp("wide") / "pair", WIDE)
 
 
 def test_inert_layers_write_zero_and_read_real_weights(large):
@@ -64,21 +71,44 @@ def test_grow_target_is_reproducible_from_its_seed(large, tmp_path):
     from dspark_cli.runtime.train.demo_large import grow_target
 
     for seed, same in ((0, True), (1, False)):
-        folder = grow_target(DEMO_DIR / "target", tmp_path / f"seed{seed}", EXTRA, seed)
+        folder = grow_target(DEMO_DIR / "target", tmp_path / f"seed{seed}", LargeRecipe(EXTRA, None, False, seed))
         assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (large / "target").iterdir())
         weights = (folder / "model.safetensors").read_bytes()
         assert (weights == (large / "target" / "model.safetensors").read_bytes()) == same
         assert (folder / "config.json").read_text() == (large / "target" / "config.json").read_text()
 
 
-def test_the_grown_target_has_the_demo_targets_logits_and_greedy_tokens(large):
+def test_inert_mlp_units_write_zero_and_read_real_weights(wide):
+    """Every MLP has WIDE.mlp_width units: the demo target's first, then new gate / up rows dense random and new
+    down_proj columns exactly zero; everything else the demo target's, in float32; the draft unchanged."""
+    from safetensors.torch import load_file
+
+    original = load_file(str(DEMO_DIR / "target" / "model.safetensors"))
+    grown = load_file(str(wide / "target" / "model.safetensors"))
+    assert set(grown) == set(original) and all(t.dtype == torch.float32 for t in grown.values())
+    for name, tensor in original.items():
+        tensor = tensor.float()
+        if name.endswith(("gate_proj.weight", "up_proj.weight")):  # [units, hidden]
+            assert torch.equal(grown[name][:768], tensor) and grown[name].shape == (1024, 256), name
+            assert torch.count_nonzero(grown[name][768:]) == 256 * 256, name
+        elif name.endswith("down_proj.weight"):  # [hidden, units]
+            assert torch.equal(grown[name][:, :768], tensor) and torch.count_nonzero(grown[name][:, 768:]) == 0
+        else:
+            assert torch.equal(grown[name], tensor), name
+    assert json.loads((wide / "target" / "config.json").read_text())["intermediate_size"] == 1024
+    assert (wide / "draft" / "model.safetensors").read_bytes() == (DEMO_DIR / "draft" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("pair", ["large", "wide"])
+def test_the_grown_target_has_the_demo_targets_logits_and_greedy_tokens(pair, request):
     """transformers, float32: logits bit-identical on a prompt, greedy tokens identical on the eval prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    folder = request.getfixturevalue(pair)
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
     small = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32)
-    grown = AutoModelForCausalLM.from_pretrained(large / "target", dtype=torch.float32)
-    assert len(grown.model.layers) == DEPTH
+    grown = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32)
+    assert len(grown.model.layers) == (DEPTH if pair == "large" else 8)
     for number, text in enumerate(demo_prompts(4)):
         ids = tokenizer(text, return_tensors="pt").input_ids  # [1, T]
         with torch.no_grad():
@@ -130,7 +160,7 @@ def test_the_gguf_holds_every_layer(large, tmp_path):
 def test_build_script_writes_the_pair_and_its_ggufs(tmp_path):
     out = tmp_path / "demo-large"
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_demo.py"), "--pair", "demo-large",
-                          "--extra-layers", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+                          "--extra-layers", "1", "--mlp-width", "768", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads((out / "target" / "config.json").read_text())["num_hidden_layers"] == 9
     assert (out / "MODEL_CARD.md").is_file() and (out / "draft" / "config.json").is_file()
@@ -138,15 +168,21 @@ def test_build_script_writes_the_pair_and_its_ggufs(tmp_path):
 
 
 @needs_llamacpp
-def test_llamacpp_gives_the_demo_targets_tokens_and_log_probabilities(large, demo_ggufs):
+@pytest.mark.parametrize("pair", ["large", "wide"])
+def test_llamacpp_gives_the_demo_targets_tokens_and_log_probabilities(pair, request, demo_ggufs, tmp_path):
     """llama-server on the grown target's GGUF emits the demo target's GGUF's greedy tokens, each with the same top
-    log-probabilities to the bit (llama.cpp adds the inert layers' zeros too)."""
+    log-probabilities to the bit (llama.cpp adds the inert weights' zeros too). The wide pair is float32, so its
+    reference is the demo target converted in float32 (llama.cpp multiplies bf16 and float32 matrices
+    differently)."""
     from llamacpp_check import post
     from llamacpp_server import large_gguf
 
     from dspark_cli.runtime.pair import load_tokenizer
 
-    grown, _ = large_gguf(large, EXTRA)
+    grown, _ = large_gguf(request.getfixturevalue(pair), DEEP if pair == "large" else WIDE)
+    if pair == "wide":
+        same_in_float32 = LargeRecipe(extra_layers=0, mlp_width=None)
+        demo_ggufs = large_gguf(build_large_pair(tmp_path / "f32", same_in_float32), same_in_float32)
     tokenizer = load_tokenizer(str(DEMO_DIR / "target"))
     prompts = [tokenizer.encode(text, add_special_tokens=False) for text in demo_prompts(4)]
     runs = []
