@@ -21,7 +21,7 @@ pytestmark = needs_llamacpp
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def verdict_plan(path: Path, n: int, reason: str = "the demo pair's verdict, written for this test") -> Path:
+def verdict_plan(path: Path, n: int, reason: str) -> Path:
     """A plan file as `dspark plan --costs PROFILE -o` writes it, for one concurrency and context."""
     fields = {"num_speculative_tokens": n}
     path.write_text(json.dumps({"format": "dspark-plan-verdict/1", "engine": "llamacpp", "speculative_config": fields,
@@ -39,6 +39,21 @@ def pair_beside_ggufs(tmp_path: Path, target_gguf: Path, draft_gguf: Path) -> tu
     shutil.copy(target_gguf, tmp_path / "target.gguf")
     shutil.copy(draft_gguf, tmp_path / "draft.gguf")
     return target, draft
+
+
+def serve_plan(tmp_path: Path, demo_ggufs, n: int, reason: str) -> tuple[str, dict]:
+    """`dspark serve --engine llamacpp --from-plan` of a plan of n on the demo pair: its log and a completion's
+    timings."""
+    target, draft = pair_beside_ggufs(tmp_path, *demo_ggufs)
+    plan = verdict_plan(tmp_path / "plan.json", n, reason)
+    port, log = free_port(), tmp_path / "serve.log"
+    process = serve_until_healthy(["--engine", "llamacpp", "--from-plan", str(plan), "-t", str(target), "-d",
+                                   str(draft), "--port", str(port), "--", "-t", "1"], port, log)
+    try:
+        timings = complete(port)
+    finally:
+        stop(process)
+    return log.read_text(), timings
 
 
 def serve_until_healthy(args: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -85,16 +100,7 @@ def free_port() -> int:
 
 
 def test_serve_from_verdict_plan_starts_llama_server_with_its_draft_length(tmp_path, demo_ggufs):
-    target, draft = pair_beside_ggufs(tmp_path, *demo_ggufs)
-    plan = verdict_plan(tmp_path / "plan.json", 3)
-    port, log = free_port(), tmp_path / "serve.log"
-    process = serve_until_healthy(["--engine", "llamacpp", "--from-plan", str(plan), "-t", str(target), "-d",
-                                   str(draft), "--port", str(port), "--", "-t", "1"], port, log)
-    try:
-        timings = complete(port)
-    finally:
-        stop(process)
-    text = log.read_text()
+    text, timings = serve_plan(tmp_path, demo_ggufs, 3, "the demo pair's verdict, written for this test")
     assert "--spec-draft-n-max 3" in text  # the command dspark printed
     assert re.search(r"n_max=3\b", text), text[-3000:]  # what llama.cpp's dflash drafter started with
     assert timings["draft_n"] > 0  # it drafts: at most 3 tokens a round, so more rounds than 24 / 8
@@ -103,16 +109,7 @@ def test_serve_from_verdict_plan_starts_llama_server_with_its_draft_length(tmp_p
 
 
 def test_serve_from_a_plan_of_n_0_starts_the_target_alone(tmp_path, demo_ggufs):
-    target, draft = pair_beside_ggufs(tmp_path, *demo_ggufs)
-    plan = verdict_plan(tmp_path / "plan.json", 0, "every draft length is predicted slower than plain decoding")
-    port, log = free_port(), tmp_path / "serve.log"
-    process = serve_until_healthy(["--engine", "llamacpp", "--from-plan", str(plan), "-t", str(target), "-d",
-                                   str(draft), "--port", str(port), "--", "-t", "1"], port, log)
-    try:
-        timings = complete(port)
-    finally:
-        stop(process)
-    text = log.read_text()
+    text, timings = serve_plan(tmp_path, demo_ggufs, 0, "every draft length is predicted slower than plain decoding")
     assert "every draft length is predicted slower than plain decoding" in text
     assert "-md" not in text.split("llama-server", 1)[1].splitlines()[0]  # the printed command has no draft
     assert "draft_n" not in timings and timings["predicted_n"] == 24

@@ -38,7 +38,7 @@ from typing import Sequence
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.fingerprint import folder_fingerprint
 from dspark_cli.runtime.measure.engine_profile import EngineProfile
-from dspark_cli.runtime.measure.evaluation import bootstrap_ratio
+from dspark_cli.runtime.measure.evaluation import bootstrap_ratio, percentile
 from dspark_cli.runtime.measure.replay import VERDICT_PLAN_FORMAT, Round, replay_round, rounds_of_result
 from dspark_cli.runtime.rounds import scored_length, sigmoid
 
@@ -174,24 +174,16 @@ def replayed_tau(prompts: list[list[Round]], candidate: Candidate) -> tuple[floa
     return tau.estimate, tau.low, tau.high, verified / sum(counts)
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    lower = math.floor(position)
-    upper = min(lower + 1, len(ordered) - 1)
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
-
-
 def predict(profile: EngineProfile, replayed: tuple[float, float, float, float], candidate: Candidate,
             requests: int, context: int) -> Prediction:
     """The candidate at R requests and context c, from its replayed (τ, low, high, verified) (module docstring)."""
     tau, low, high, verified = replayed
     steps = profile.step_ms(requests, context, candidate.n, verified)
     plain = profile.plain_ms(requests, context)
-    ratios = [d / s for d, s in zip(plain, steps)]
+    ratios = sorted(d / s for d, s in zip(plain, steps))
     step = statistics.median(steps)
     return Prediction(candidate, tau, low, high, verified, step, 1000.0 * requests * tau / step,
-                      tau * statistics.median(ratios), low * _quantile(ratios, 0.25), high * _quantile(ratios, 0.75))
+                      tau * statistics.median(ratios), low * percentile(ratios, 0.25), high * percentile(ratios, 0.75))
 
 
 def candidates_for(block: int, has_logits: bool, thresholds: bool) -> list[Candidate]:
