@@ -7,8 +7,8 @@ mutation, CAUGHT (with the first failing test) or MISSED, and ends with "N/N cau
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
-contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's (G1-G3), and the demo-large pair's
-inert layers (L1-L3).
+contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's (G1-G3), the demo-large pair's
+inert weights (L1-L4) and whether speculation pays: the engine cost model and plan's verdict (P1-P4).
 """
 
 from __future__ import annotations
@@ -280,8 +280,33 @@ MUTATIONS = [
        ('removeprefix(f"{LAYER_PREFIX}0.")', 'removeprefix(f"{LAYER_PREFIX}{extra_layers}.")')],
       "test_demo_large.py::test_speculation_accepts_on_the_grown_target_as_on_the_demo_target"),
     m("L3", "the grown config keeps the source's num_hidden_layers", "train/demo_large.py",
-      [('"num_hidden_layers": depth + extra_layers}', '"num_hidden_layers": depth}')],
+      [('"num_hidden_layers": depth + extra_layers,', '"num_hidden_layers": depth,')],
       "test_demo_large.py::test_the_gguf_holds_every_layer"),
+    m("L4", "a widened MLP unit's down_proj column random, not zero", "train/demo_large.py",
+      [("torch.zeros(tensor.shape[0], units, dtype=tensor.dtype)",
+        "torch.randn(tensor.shape[0], units, dtype=tensor.dtype)")],
+      "test_demo_large.py::test_inert_mlp_units_write_zero_and_read_real_weights"),
+    # does speculation pay (P1-P4): the engine profile's cost model and plan's verdict
+    m("P1", "the draft charged once per step: every concurrency priced with the R = 1 speculative step",
+      "measure/engine_profile.py",
+      [("measured = {m: self.spec[m, requests, context][repeat] - self.verify_ms(requests, m + 1, context)",
+        "measured = {m: self.spec[m, 1, context][repeat] - self.verify_ms(1, m + 1, context)")],
+      "test_verdict.py::test_the_draft_is_paid_per_sequence_so_its_share_grows_with_concurrency"),
+    m("P2", "dspark's own draft time (the runs' draft + Markov + bookkeeping seconds) added to the engine's step",
+      "measure/verdict.py",
+      [("    steps = profile.step_ms(requests, context, candidate.n, verified)\n",
+        "    steps = [s + 1000.0 * OVERHEAD_S[0] for s in profile.step_ms(requests, context, candidate.n, verified)]\n"),
+       ("        outcomes = [replay_round(r, candidate.verify_length(r)) for r in rounds]\n",
+        "        outcomes = [replay_round(r, candidate.verify_length(r)) for r in rounds]\n"
+        "        OVERHEAD_S[0] = sum(r.overhead_s for r in rounds) / len(rounds)\n"),
+       ("MIN_ROUNDS = 20\n", "MIN_ROUNDS = 20\nOVERHEAD_S = [0.0]\n")],
+      "test_verdict.py::test_the_runs_own_draft_times_change_no_prediction"),
+    m("P3", "acceptance read from every round, not the context's bucket", "measure/verdict.py",
+      [("            if bucket[0] <= position < bucket[1]:", "            if True:")],
+      "test_verdict.py::test_each_context_is_judged_on_its_own_rounds"),
+    m("P4", "the draft length chosen by acceptance (τ), not by tokens/s", "measure/verdict.py",
+      [("best = max(predictions, key=lambda p: p.tokens_per_s)", "best = max(predictions, key=lambda p: p.tau)")],
+      "test_verdict.py::test_the_draft_length_is_chosen_by_tokens_per_second"),
 ]
 
 
