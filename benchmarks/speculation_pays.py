@@ -22,7 +22,8 @@ llama-server with one thread (-t 1) and as many slots as the largest concurrency
 Prints per pair and configuration: plan's verdict, n and predicted speedup [interval] (also its prediction for
 n = 7), the measured speedups (median and range over passes) of n = 7 and of plan's n, the measured-best n, and
 whether plan's sign and n agree with the measurement. Writes everything to DIR (default: a temporary folder).
-Nothing is asserted; figures vary with the machine's load (ratios are taken within one pass).
+Nothing is asserted; figures vary with the machine's load (ratios are taken within one pass). Files already in DIR
+are reused (run.json, profile.json, measured.json): plan is run again and judged against the passes measured.
 """
 
 from __future__ import annotations
@@ -118,18 +119,28 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
     slots, slot_context = max(concurrencies), max(contexts) + args.max_tokens + 64
     common = dict(slots=slots, slot_context=slot_context)
     profile, plan = work / "profile.json", work / "plan.json"
-    with ExitStack() as stack:
-        plain = stack.enter_context(llama_server(target, **common))
-        spec = {n: stack.enter_context(llama_server(target, draft, extra=["--spec-draft-n-max", str(n)], **common))
-                for n in (7, 1)}
-        if not profile.is_file():
+    if not profile.is_file():
+        with ExitStack() as stack:
+            plain = stack.enter_context(llama_server(target, **common))
+            spec = {n: stack.enter_context(llama_server(target, draft, extra=["--spec-draft-n-max", str(n)],
+                                                        **common)) for n in (7, 1)}
             dspark("bench", "engine", plain, *[a for n, url in spec.items() for a in ("--spec", f"{n}={url}")],
                    "--draft-file", str(draft), "--target-file", str(target), "--concurrency",
                    ",".join(map(str, concurrencies)), "--context", ",".join(map(str, contexts)), "--repeats",
                    str(args.profile_repeats), "--engine-version", "b11434 (scripts/build_llamacpp.sh)", "--json",
                    str(profile))
-    dspark("plan", str(run), "--costs", str(profile), "--json", str(plan))
+    dspark("plan", str(run), "--costs", str(profile), "--json", str(plan), "--force")
     verdicts = {(v["context"], v["concurrency"]): v for v in json.loads(plan.read_text())["verdicts"]}
+    saved = work / "measured.json"
+    if saved.is_file():  # measured before: plan's verdicts against those passes
+        measured = {(e["context"], e["concurrency"], (e["n"], e["p_min"])): [tuple(x) for x in
+                    e["decode_and_wall_tokens_per_s"]] for e in json.loads(saved.read_text())}
+        variants = sorted({key for _, _, key in measured}, key=lambda k: (k[0], k[1] or 0))
+        missing = {(v["n"], v["threshold"]) for v in verdicts.values() if v["n"]} - set(variants)
+        if missing:
+            sys.exit(f"{saved} lacks plan's choices {sorted(missing)}: remove it to measure again.")
+        return [compare(name, context, c, v, measured, variants, args.repeats) for (context, c), v in
+                sorted(verdicts.items())]
     variants = [(n, None) for n in range(0, args.max_n + 1)]  # plain, then every fixed draft length
     variants += sorted({(v["n"], v["threshold"]) for v in verdicts.values() if v["threshold"] is not None and v["n"]})
     serve_prompts = {c: [json.loads(line)["prompt"] for line in prompt_files[c].read_text().splitlines()]
@@ -158,7 +169,7 @@ def measure_pair(name: str, out: Path, args, contexts: list[int], concurrencies:
                     print(f"{name} pass {repeat + 1}/{args.repeats} context {context} C={c}: " + ", ".join(
                         f"{label(key)} {measured[context, c, key][-1][0]:.0f}" for key in variants) + " tok/s",
                         flush=True)
-    (work / "measured.json").write_text(json.dumps([{"context": k[0], "concurrency": k[1], "n": k[2][0],
+    saved.write_text(json.dumps([{"context": k[0], "concurrency": k[1], "n": k[2][0],
                                                      "p_min": k[2][1], "decode_and_wall_tokens_per_s": v}
                                                     for k, v in measured.items()], indent=1))
     return [compare(name, context, c, v, measured, variants, args.repeats) for (context, c), v in

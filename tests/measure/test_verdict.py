@@ -234,7 +234,7 @@ def test_every_interval_contains_its_point():
                     contexts=[16], draft_ns=[1, 2, 4], repeats=4)
     prompts = [[accepting(i % 5, 4, confidences=[0.9, 0.7, 0.4 + 0.1 * (i % 3), 0.2])] * 8
                + [accepting((i + 2) % 5, 4, confidences=[0.6, 0.5, 0.5, 0.5])] * 8 for i in range(4)]
-    plan = decide([eval_run(prompts, block=4, prompt_tokens=8)], costs, [1, 2], [16])
+    plan = decide([eval_run(prompts, block=4, prompt_tokens=8)], costs, [1, 2], [16], thresholds=True)
     checked = 0
     for verdict in plan.verdicts:
         for p in verdict.predictions:
@@ -279,7 +279,7 @@ def test_a_threshold_that_saves_verification_is_chosen():
     costs = profile(theta=lambda m, i: 10.0 + 10.0 * m, plain=lambda r, c, i: 22.0, delta=lambda n, r, c, i: 5.0,
                     block=4, concurrencies=[1], contexts=[16], draft_ns=[1, 4])
     a, b = accepting(4, 4, confidences=[0.95] * 4), accepting(1, 4, confidences=[0.95, 0.45, 0.95, 0.95])
-    plan = decide([eval_run([[a, b] * 13] * 2, block=4)], costs, [1], [16])
+    plan = decide([eval_run([[a, b] * 13] * 2, block=4)], costs, [1], [16], thresholds=True)
     (verdict,) = plan.verdicts
     found = {(p.candidate.n, p.candidate.threshold): p for p in verdict.predictions}
     # V(1, t) = θ(t) + 22 - θ(1) = 12 + 10t; step = V + 5
@@ -294,14 +294,14 @@ def test_a_threshold_that_saves_verification_is_chosen():
     assert "p-min 0.5" in verdict.reason
 
 
-def test_thresholds_are_planned_only_with_logits_and_for_an_engine_that_cuts():
+def test_thresholds_are_planned_only_when_asked_and_with_logits():
     costs = profile(**PER_SEQUENCE, block=4, concurrencies=[1], contexts=[16], draft_ns=[1, 4])
-    bare = decide([everything_accepted()], costs, [1], [16])
+    bare = decide([everything_accepted()], costs, [1], [16], thresholds=True)
     assert all(p.candidate.threshold is None for p in bare.verdicts[0].predictions)
     assert any("no raw confidence logits" in note for note in bare.notes)
     confident = everything_accepted(confidences=[0.9] * 4)
-    assert len(decide([confident], costs, [1], [16], thresholds=False).verdicts[0].predictions) == 4
-    assert len(decide([confident], costs, [1], [16]).verdicts[0].predictions) == 4 + 4 * 9
+    assert len(decide([confident], costs, [1], [16]).verdicts[0].predictions) == 4  # fixed lengths by default
+    assert len(decide([confident], costs, [1], [16], thresholds=True).verdicts[0].predictions) == 4 + 4 * 9
 
 
 # --- what decide refuses and notes ---------------------------------------------------------------------------------

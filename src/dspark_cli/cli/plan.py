@@ -63,6 +63,9 @@ def plan(
                                           "profile's)."),
     other_pair: bool = typer.Option(False, "--other-pair", help="Use an engine profile measured on another pair's "
                                     "files (their fingerprints differ from the runs')."),
+    thresholds: bool = typer.Option(False, "--thresholds", help="With an engine profile: also judge each draft "
+                                    "length cut at a confidence threshold (priced from the fixed-length servers "
+                                    "profiled, an extrapolation)."),
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
@@ -83,11 +86,12 @@ def plan(
         if calibration is not None or scheduler != "all":
             raise DsparkError(f"{costs} is an engine profile, judged for the engine it measured: the calibration "
                               "and scheduler options do not apply; leave them out.")
-        plan_verdict.run(loaded, runs, profile_doc, costs, concurrency, context, other_pair, out, json_path)
+        plan_verdict.run(loaded, runs, profile_doc, costs, concurrency, context, other_pair, thresholds, out,
+                         json_path)
         return
-    if context is not None or other_pair:
-        raise DsparkError("the context and other-pair options judge an engine profile of `dspark bench engine`; give "
-                          "one with the costs option.")
+    if context is not None or other_pair or thresholds:
+        raise DsparkError("the context, other-pair and thresholds options judge an engine profile of `dspark bench "
+                          "engine`; give one with the costs option.")
     if concurrency is not None:
         from dspark_cli.cli import plan_load
 

@@ -16,7 +16,7 @@ from dspark_cli.errors import DsparkError
 
 
 def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Optional[str], context: Optional[str],
-        other_pair: bool, out: Optional[Path], json_path: Optional[Path]) -> None:
+        other_pair: bool, thresholds: bool, out: Optional[Path], json_path: Optional[Path]) -> None:
     from dspark_cli.runtime.io.outputs import atomic_write_text
     from dspark_cli.runtime.measure.engine_profile import read_engine_profile
     from dspark_cli.runtime.engines import ENGINES
@@ -32,7 +32,10 @@ def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Opt
     served = ENGINES.get(profile.engine)
     length_flag = served.draft_length_setting if served else "the draft length"
     threshold_flag = served.threshold_setting if served else None
-    plan = decide(loaded, profile, loads, contexts, [str(p) for p in runs], thresholds=threshold_flag is not None)
+    if thresholds and threshold_flag is None:
+        raise DsparkError(f"{profile.engine} cuts no drafted block at a confidence threshold; leave out the thresholds "
+                          "option.")
+    plan = decide(loaded, profile, loads, contexts, [str(p) for p in runs], thresholds=thresholds)
     plan.notes[:0] = notes
     document = {**plan.to_dict(), "draft_length_setting": length_flag, "threshold_setting": threshold_flag}
     if out is not None:

@@ -12,8 +12,10 @@ Acceptance by context: a round's context is its prompt's tokens plus the tokens 
 bucketed by the contexts asked (bucket edges at the geometric midpoints between them), and each context is planned
 with its own bucket's rounds; a bucket with fewer than MIN_ROUNDS rounds or MIN_PROMPTS prompts says "no data".
 
-For each candidate (draft n tokens, n = 1..block, optionally cut at a confidence threshold X as llama.cpp's
-`--spec-draft-p-min` cuts: the first position whose confidence is below X and every later one are not verified),
+For each candidate (draft n tokens, n = 1..block; with `thresholds`, also cut at a confidence threshold X as
+llama.cpp's p-min cuts: the first position whose confidence is below X and every later one are not verified; the
+profile's servers draft fixed lengths, so a cut's saving is the cost model's extrapolation, which measured too
+optimistic on the demo-large pair: docs/bench.md),
 each bucket round is replayed exactly (replay.replay_round: the tokens it would emit verifying that many), giving
 τ(n, X) with the bootstrap interval over prompts that `dspark eval` uses and the mean tokens verified per round t.
 At R concurrent requests (each drafting and verifying its own block every step, as llama.cpp does):
@@ -217,7 +219,7 @@ def judge(verdict: Verdict, predictions: list[Prediction]) -> None:
 
 
 def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], contexts: Sequence[int],
-           run_names: Sequence[str] = (), thresholds: bool = True) -> VerdictPlan:
+           run_names: Sequence[str] = (), thresholds: bool = False) -> VerdictPlan:
     """A verdict per (concurrency, context) from eval runs (evaluation.EvalRun) and an engine profile; `thresholds`:
     whether the engine cuts a drafted block at a confidence threshold (then those candidates are judged too)."""
     profile.check_covers(list(concurrencies), list(contexts), profile.source)
