@@ -4,8 +4,9 @@ a score pass, and its rollback as a copy of the state at the kept position.
 - the kernel: one unpadded chunk gives transformers' chunked kernel's outputs and final state, and the state after
   every position equals transformers' one-token recurrent kernel stepped to that position;
 - on the tiny random targets of every Gated DeltaNet family: the score pass's logits equal transformers' chunked
-  forward's, and after scoring 6 tokens and keeping j (every j), every cache tensor equals a fresh target's that
-  read only the kept prefix;
+  forward's, and after scoring 6 tokens and keeping j (every j), every cache tensor (from transformers 5.25 the
+  layers' position counts too) equals a fresh target's that read only the kept prefix, and so does the cache length
+  transformers reads;
 - the scheme: no snapshot and no mixer replay on these targets, and dspark's forward runs only inside score().
 """
 
@@ -96,6 +97,8 @@ def test_keeping_any_prefix_leaves_the_state_of_a_fresh_target_that_read_only_it
         target.prefill(torch.tensor(PROMPT))
         target.score(torch.tensor(BLOCK))
         target.crop(len(PROMPT) + keep)
+        # the cache length transformers reads (positions when none are passed; 5.25 answers from layer 0's count)
+        assert target.cache.get_seq_length() == len(PROMPT) + keep
         tensors, expected = cache_tensors(target.cache), reference_cache(model, PROMPT + BLOCK[:keep])
         assert tensors.keys() == expected.keys()
         for name, reference in expected.items():

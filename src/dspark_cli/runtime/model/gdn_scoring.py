@@ -18,10 +18,11 @@ other forward, prefill and plain decoding included, is transformers' own):
 choice of one unpadded chunk over the per-token recurrent form.) The cache holds the state after all T positions
 when the pass ends, as after transformers' own forward; `keep` moves it back to any scored position.
 
-Works on transformers 5.17 to 5.24 (the mixer takes its cache as `cache_params` before 5.24, `cache` from it; both
+Works on transformers 5.17 to 5.25 (the mixer takes its cache as `cache_params` before 5.24, `cache` from it; all
 lay the conv and recurrent states out as `layers[i].conv_states[0]` [1, C, K] and `recurrent_states[0]`
-[1, H, Dk, Dv]). A mixer laid out differently is not taken over: `install` returns None and the target keeps the
-generic rollback (model/target_state.py).
+[1, H, Dk, Dv]). From 5.25 a layer also counts the positions its states have read (`token_count`): the score pass
+advances it by T as transformers' forward does, `keep` moves it back with the states. A mixer laid out differently is
+not taken over: `install` returns None and the target keeps the generic rollback (model/target_state.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ COMMON = ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "layer_idx", "num_k_
           "head_k_dim", "head_v_dim", "key_dim", "value_dim", "activation")
 QWEN3_5_LAYOUT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 QWEN3_NEXT_LAYOUT = ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")
+TOKEN_COUNT = "cumulative_length_linear"  # a linear-attention cache layer's position count (transformers >= 5.25)
+
+
+def token_count(layer) -> torch.Tensor | None:
+    """The positions a linear-attention cache layer's states have read, a 0-dim tensor advanced in place by
+    transformers' forward and answered by the layer's get_seq_length (the cache's, when layer 0 is one: positions
+    and generate read it); None where transformers keeps no such count (before 5.25)."""
+    count = getattr(layer, TOKEN_COUNT, None)
+    return count if isinstance(count, torch.Tensor) else None
 
 
 def is_gated_deltanet(module: nn.Module) -> bool:
@@ -99,12 +109,15 @@ class ScoredLayer:
     recurrent_state: torch.Tensor  # the cache's recurrent state [1, H, Dk, Dv] (written in place)
     conv_window: torch.Tensor  # [1, C, K + T]: the conv state before the block, then the block's conv inputs
     block: DeltaBlock  # the delta rule over the block
+    count: torch.Tensor | None  # the layer's token_count (after the block; written in place), None before 5.25
 
     def keep(self, kept: int) -> None:
-        """Set the cache's states to those after the first `kept` of the T scored positions."""
+        """Set the cache's states (and position count) to those after the first `kept` of the T scored positions."""
         width = self.conv_state.shape[-1]
         self.conv_state.copy_(self.conv_window[..., kept : kept + width])
         self.recurrent_state.copy_(self.block.state_after(kept)[None])
+        if self.count is not None:  # the T - kept dropped positions, as transformers' own crop subtracts them
+            self.count.sub_(self.conv_window.shape[-1] - width - kept)
 
 
 @dataclass(eq=False)
@@ -201,10 +214,13 @@ def score_mixer(mixer: nn.Module, hidden: torch.Tensor, cache, attention_mask: t
                                    value.reshape(length, -1, mixer.head_v_dim), g[0], beta[0], start)
     conv_state.copy_(window[..., -conv_state.shape[-1] :])
     recurrent_state.copy_(scored.state_after(length)[None])
+    count = token_count(layer)
+    if count is not None:  # as transformers' update_conv_state counts a multi-token forward
+        count.add_(length)
 
     out = mixer.norm(out.to(hidden.dtype).reshape(-1, mixer.head_v_dim), z.reshape(-1, mixer.head_v_dim))
     output = mixer.out_proj(out.reshape(1, length, mixer.value_dim))  # [1, T, Hd]
-    return output, ScoredLayer(conv_state, recurrent_state, window, scored)
+    return output, ScoredLayer(conv_state, recurrent_state, window, scored, count)
 
 
 def _projections(mixer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:

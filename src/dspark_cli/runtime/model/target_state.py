@@ -27,8 +27,9 @@ selective scan from zero on a multi-token forward), the target scores one token 
 state after each position (`Family.block_scoring`): exact, but slower than plain decoding.
 
 The cache is built the way the model's own `generate` builds it: `DynamicCache(config=...)`, whose layers carry the
-states (transformers 5.17 to 5.24: `conv_states` / `recurrent_states` dicts of a linear-attention layer), or the
-model's own cache class (MiniMax). State layouts dspark does not know are refused, never guessed.
+states (transformers 5.17 to 5.25: `conv_states` / `recurrent_states` dicts of a linear-attention layer, from 5.25 with
+the count of positions they have read, which a rollback sets back too), or the model's own cache class (MiniMax).
+State layouts dspark does not know are refused, never guessed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch import nn
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.stateful import FAMILIES, Family, supported_names
-from dspark_cli.runtime.model.gdn_scoring import ScorePass
+from dspark_cli.runtime.model.gdn_scoring import TOKEN_COUNT, ScorePass, token_count
 
 
 def text_model_type(config) -> str:
@@ -110,12 +111,16 @@ def state_slots(cache) -> list[Slot]:
     """Every state tensor of the cache that a forward overwrites in place (not the attention K/V, which grows).
 
     Linear-attention layers (transformers' LinearAttentionCacheLayerMixin: Gated DeltaNet, Mamba, short conv)
-    keep conv_states / recurrent_states dicts; MiniMaxCache keeps linear_cache, one KV-state per lightning layer."""
+    keep conv_states / recurrent_states dicts, and from transformers 5.25 the count of positions those states have
+    read (a 0-dim tensor the forward advances in place); MiniMaxCache keeps linear_cache, one KV-state per lightning
+    layer."""
     slots: list[Slot] = []
     for layer in getattr(cache, "layers", []):
         for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
             if isinstance(states, dict):
                 slots += [(states, key) for key, tensor in states.items() if isinstance(tensor, torch.Tensor)]
+        if token_count(layer) is not None:  # an attribute of the layer: its own __dict__ holds it
+            slots.append((vars(layer), TOKEN_COUNT))
     linear = getattr(cache, "linear_cache", None)
     if isinstance(linear, list):
         slots += [(linear, index) for index, tensor in enumerate(linear) if isinstance(tensor, torch.Tensor)]
