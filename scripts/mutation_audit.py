@@ -7,7 +7,7 @@ mutation, CAUGHT (with the first failing test) or MISSED, and ends with "N/N cau
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
-contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's (G1-G3), the demo-large pair's
+contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's position count (G1-G5), the demo-large pair's
 inert weights (L1-L4) and whether speculation pays: the engine cost model and plan's verdict (P1-P4).
 """
 
@@ -266,6 +266,11 @@ MUTATIONS = [
     m("G3", "the kept recurrent state without the start state's decay", "model/gdn_scoring.py",
       [("return (self.log_decay[:, kept - 1].exp()[:, None, None] * self.start",
         "return (self.start")], "test_gdn_scoring.py"),
+    m("G4", "the score pass leaves transformers 5.25's position count where it was", "model/gdn_scoring.py",
+      [("    if count is not None:  # as transformers' update_conv_state counts a multi-token forward\n        count.add_(length)",
+        "    if False:\n        count.add_(length)")], "test_gdn_scoring.py"),
+    m("G5", "the snapshot of a stateful target leaves out transformers 5.25's position count", "model/target_state.py",
+      [("        if token_count(layer) is not None:", "        if False:")], "test_stateful_targets.py"),
     # the demo-large pair's inert layers (L1-L3)
     m("L1", "an inert layer's mlp.down_proj random, not zero", "train/demo_large.py",
       [('ZEROED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")', 'ZEROED = ("self_attn.o_proj.weight",)')],
