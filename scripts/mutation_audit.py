@@ -7,8 +7,9 @@ mutation, CAUGHT (with the first failing test) or MISSED, and ends with "N/N cau
 drafting, training, metrics, validate), plus the per-context acceptance mutations and those of eval at
 scale, calibration, the verify budget and run-file saving (E1-E12), and bench markov's gated / RNN
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
-contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's position count (G1-G5), the demo-large pair's
-inert weights (L1-L4) and whether speculation pays: the engine cost model and plan's verdict (P1-P4).
+contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
+position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
+model and plan's verdict (P1-P4).
 """
 
 from __future__ import annotations
