@@ -216,6 +216,6 @@ def test_settings_and_files_are_checked_before_any_request(ggufs, tmp_path):
         with pytest.raises(DsparkError, match="has no dflash.block_size: give the draft GGUF"):
             profile_engine(config(plain, [spec], target))  # the target's GGUF given as the draft
     assert model.log == []
-    closed = f"http://127.0.0.1:{plain.httpd.server_address[1]}"  # stopped above
+    closed = plain.url  # stopped above
     with pytest.raises(DsparkError, match=f"cannot reach the plain server at {closed}"):
         profile_engine(replace(config(plain, [spec], draft), plain=closed))
