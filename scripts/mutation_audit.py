@@ -308,7 +308,7 @@ MUTATIONS = [
        ("MIN_ROUNDS = 20\n", "MIN_ROUNDS = 20\nOVERHEAD_S = [0.0]\n")],
       "test_verdict.py::test_the_runs_own_draft_times_change_no_prediction"),
     m("P3", "acceptance read from every round, not the context's bucket", "measure/verdict.py",
-      [("            if bucket[0] <= position < bucket[1]:", "            if True:")],
+      [("if bucket[0] <= position < bucket[1]]", "if True]")],
       "test_verdict.py::test_each_context_is_judged_on_its_own_rounds"),
     m("P4", "the draft length chosen by acceptance (τ), not by tokens/s", "measure/verdict.py",
       [("best = max(predictions, key=lambda p: p.tokens_per_s)", "best = max(predictions, key=lambda p: p.tau)")],

@@ -24,6 +24,7 @@ from dspark_cli.runtime.measure.verdict import (
     Candidate,
     context_buckets,
     decide,
+    positioned_rounds,
     rounds_in_bucket,
 )
 
@@ -100,7 +101,7 @@ def test_context_buckets_meet_at_the_geometric_midpoints():
 
 
 def test_rounds_are_bucketed_by_their_context():
-    results = eval_run([EARLY_THEN_LATE] * 2, block=4).results
+    results = positioned_rounds(eval_run([EARLY_THEN_LATE] * 2, block=4).results)
     small, large = context_buckets([16, 512])
     assert [[r.accepted for r in p] for p in rounds_in_bucket(results, small)] == [[4] * 17] * 2
     assert [[r.accepted for r in p] for p in rounds_in_bucket(results, large)] == [[0] * 30] * 2

@@ -40,6 +40,7 @@ from pathlib import Path
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.bench.serve import Endpoint
 from dspark_cli.runtime.checkpoint.fingerprint import SOURCE_KEY, file_fingerprint
+from dspark_cli.runtime.io.reading import server_error_message
 from dspark_cli.runtime.measure.engine_profile import PROFILE_FORMAT
 
 MAX_BODY = 16 << 20
@@ -77,8 +78,9 @@ class Server:
             response = connection.getresponse()
             payload = response.read(MAX_BODY)
             if response.status != 200:
+                message = server_error_message(payload.decode("utf-8", "replace").strip())
                 raise DsparkError(f"the server at {self.url} answered POST {path} with HTTP {response.status}: "
-                                  f"{payload[:300].decode('utf-8', 'replace')}")
+                                  f"{' '.join(message.split())[:300]}")
             return json.loads(payload)
         except (OSError, http.client.HTTPException, ValueError) as error:
             raise DsparkError(f"the server at {self.url} failed POST {path} ({type(error).__name__}: {error}); "
@@ -138,17 +140,20 @@ def model_file(path: str | None) -> dict:
     return {"path": str(Path(path).resolve()), "fingerprint": file_fingerprint(path), "source": source}
 
 
-def hardware() -> str:
-    """This machine: CPU model, cores, architecture (and the GPU is not looked for: llama.cpp here runs on CPU)."""
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """This machine's CPU by name (Linux's /proc/cpuinfo; elsewhere what the platform module knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} logical cores, {platform.machine()}, {platform.system()}"
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> str:
+    """This machine: CPU model, cores, architecture (the GPU is not looked for: llama.cpp here runs on the CPU)."""
+    return f"{cpu_model()}, {os.cpu_count()} logical cores, {platform.machine()}, {platform.system()}"
 
 
 class Sampler:
@@ -271,7 +276,8 @@ def profile_engine(config: ProfileConfig, on_sample: Callable[[tuple, int, float
             if on_sample is not None:
                 on_sample(job, repeat, ms)
     return {
-        "format": PROFILE_FORMAT, "engine": "llamacpp", "engine_version": config.engine_version or str(plain.props["build_info"]),
+        "format": PROFILE_FORMAT, "engine": "llamacpp",
+        "engine_version": config.engine_version or str(plain.props["build_info"]),
         "hardware": hardware(), "models": {"target": model_file(target_file), "draft": model_file(config.draft_file)},
         "servers": {"plain": plain.url, "spec": {str(n): s.url for n, s in spec.items()}},
         "block_size": block, "repeats": config.repeats, "generate": config.generate,

@@ -147,10 +147,10 @@ def resolve_peak(device: str, requested: float | None) -> tuple[float, str, str]
 
 
 def _cpu_name() -> str:
-    import platform
+    from dspark_cli.runtime.bench.engine import cpu_model
 
     threads = torch.get_num_threads()
-    return f"CPU {platform.processor() or platform.machine()}, {threads} thread{'s' if threads != 1 else ''}"
+    return f"CPU {cpu_model()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def weight_bytes(method: str, head: Head, batch: int, block: int, topk: int) -> int:

@@ -150,18 +150,22 @@ def context_buckets(contexts: Sequence[int]) -> list[tuple[float, float]]:
     return [by_context[c] for c in contexts]
 
 
-def rounds_in_bucket(results: list, bucket: tuple[float, float]) -> list[list[Round]]:
-    """Per prompt, its rounds whose context (prompt tokens + tokens emitted before the round) lies in the bucket."""
+def positioned_rounds(results: list) -> list[list[tuple[int, Round]]]:
+    """Per prompt, each round with its context: the prompt's tokens plus the tokens emitted before it."""
     prompts = []
     for result in results:
-        position, kept = result.prompt_tokens, []
+        position, rounds = result.prompt_tokens, []
         for record, r in zip(result.rounds, rounds_of_result(result)):
-            if bucket[0] <= position < bucket[1]:
-                kept.append(r)
+            rounds.append((position, r))
             position += record["emitted"]
-        if kept:
-            prompts.append(kept)
+        prompts.append(rounds)
     return prompts
+
+
+def rounds_in_bucket(prompts: list[list[tuple[int, Round]]], bucket: tuple[float, float]) -> list[list[Round]]:
+    """Per prompt (positioned_rounds), its rounds whose context lies in the bucket; prompts without one left out."""
+    kept = [[r for position, r in rounds if bucket[0] <= position < bucket[1]] for rounds in prompts]
+    return [rounds for rounds in kept if rounds]
 
 
 def replayed_tau(prompts: list[list[Round]], candidate: Candidate) -> tuple[float, float, float, float]:
@@ -229,7 +233,8 @@ def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], con
                           f"measured with a draft of block size {profile.block_size}; give runs and a profile of "
                           "the same draft.")
     results = [result for run in runs if run.settings["block_size"] == block for result in run.results]
-    has_logits = all(r.logits is not None for result in results for r in rounds_of_result(result))
+    positioned = positioned_rounds(results)
+    has_logits = all(r.logits is not None for rounds in positioned for _, r in rounds)
     notes = []
     if not has_logits:
         notes.append("the runs carry no raw confidence logits: only fixed draft lengths are planned.")
@@ -242,7 +247,7 @@ def decide(runs: list, profile: EngineProfile, concurrencies: Sequence[int], con
     candidates = candidates_for(block, has_logits, thresholds)
     verdicts = []
     for context, bucket in zip(contexts, context_buckets(contexts)):
-        prompts = rounds_in_bucket(results, bucket)
+        prompts = rounds_in_bucket(positioned, bucket)
         rounds = sum(len(p) for p in prompts)
         enough = rounds >= MIN_ROUNDS and len(prompts) >= MIN_PROMPTS
         replayed = {c: replayed_tau(prompts, c) for c in candidates} if enough else {}
