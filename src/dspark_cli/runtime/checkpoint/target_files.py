@@ -13,6 +13,8 @@ from dspark_cli.errors import DsparkError
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim")  # null: transformers derives them
+FLAGS = ("tie_word_embeddings", "attention_bias", "use_sliding_window")
 
 
 def refuse_pickle_only(path: str | Path) -> None:
@@ -81,14 +83,20 @@ def _check_config_values(config_path: Path, source: str | Path) -> None:
     problems = [f"{key} is {text[key]!r} (a positive integer is needed)"
                 for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                             "max_position_embeddings", "intermediate_size") if key in text and not count(text[key])]
-    if "rms_norm_eps" in text and not number(text["rms_norm_eps"]):
-        problems.append(f"rms_norm_eps is {text['rms_norm_eps']!r} (a positive number is needed)")
-    if text.get("rope_parameters") is not None and not isinstance(text["rope_parameters"], dict):
-        problems.append(f"rope_parameters is {text['rope_parameters']!r} (an object is needed)")
+    problems += [f"{key} is {text[key]!r} (a positive integer is needed)" for key in OPTIONAL_COUNTS
+                 if text.get(key) is not None and not count(text[key])]
+    problems += [f"{key} is {text[key]!r} (a positive number is needed)" for key in ("rms_norm_eps", "rope_theta")
+                 if key in text and not number(text[key])]
+    problems += [f"{key} is {text[key]!r} (true or false is needed)" for key in FLAGS
+                 if text.get(key) is not None and not isinstance(text[key], bool)]
+    problems += [f"{key} is {text[key]!r} (an object is needed)" for key in ("rope_parameters", "rope_scaling")
+                 if text.get(key) is not None and not isinstance(text[key], dict)]
     types, layers = text.get("layer_types"), text.get("num_hidden_layers")
     if types is not None and (not isinstance(types, list) or (count(layers) and len(types) != layers)):
         problems.append(f"layer_types has {len(types) if isinstance(types, list) else types!r} entries for "
                         f"{layers} layers")
+    elif types is not None and not all(isinstance(kind, str) for kind in types):
+        problems.append(f"layer_types is {types!r} (a list of layer type names is needed)")
     if problems:
         raise DsparkError(f"the target's config.json ({config_path}) cannot be built: {'; '.join(problems)}; fix "
                           "that value or re-download the model.")

@@ -43,7 +43,7 @@ PRE_TOKENIZERS = (
     PreTokenizer("qwen2", (QWEN2_REGEX,)),  # LLAMA_VOCAB_PRE_TYPE_QWEN2 (Qwen2, Qwen2.5, Qwen3)
     PreTokenizer("llama-bpe", (LLAMA3_REGEX,), ignore_merges=True),  # LLAMA_VOCAB_PRE_TYPE_LLAMA3
 )
-CONTROL, USER_DEFINED, NORMAL = 3, 4, 1  # gguf-py constants.py TokenType
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf-py constants.py TokenType
 NORMALIZERS = (None, "NFC")  # llama.cpp normalizes nothing; NFC leaves text that is already NFC unchanged
 
 
@@ -155,16 +155,31 @@ def _check_bpe(path: Path, tokenizer: dict, model: dict) -> None:
 
 
 def _tokens(tokenizer: dict, vocab: dict[str, int], vocab_size: int) -> tuple[list[str], list[int]]:
-    """Tokens by id, ids the tokenizer lacks as `[PADn]`; special added tokens CONTROL, other added tokens and the
-    padding USER_DEFINED, the rest NORMAL (what llama.cpp's converter writes, conversion/base.py)."""
+    """Tokens by id, as llama.cpp's converter types them (conversion/base.py get_vocab_base): an id the tokenizer
+    lacks is `[PADn]`, UNUSED (llama.cpp never matches it in text; USER_DEFINED would turn the text "[PADn]" into
+    that id); an added token CONTROL when it is special or looks special (`does_token_look_special`), else
+    USER_DEFINED; the rest NORMAL."""
     by_id = {index: token for token, index in vocab.items()}
     special = {t["id"]: bool(t.get("special")) for t in tokenizer.get("added_tokens", [])}
     tokens, types = [], []
     for index in range(vocab_size):
-        tokens.append(by_id.get(index, f"[PAD{index}]"))
-        types.append(USER_DEFINED if index not in by_id or special.get(index) is False
-                     else CONTROL if special.get(index) else NORMAL)
+        token = by_id.get(index, f"[PAD{index}]")
+        tokens.append(token)
+        if index not in by_id:
+            types.append(UNUSED)
+        elif index in special:
+            types.append(CONTROL if special[index] or looks_special(token) else USER_DEFINED)
+        else:
+            types.append(NORMAL)
     return tokens, types
+
+
+def looks_special(token: str) -> bool:
+    """An added token llama.cpp's converter types CONTROL though its `special` is false (`<|...|>` and the few
+    names it lists: conversion/base.py does_token_look_special)."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+            or (token.startswith("<unused") and token.endswith(">")))
 
 
 def _merges(merges: list) -> list[str]:

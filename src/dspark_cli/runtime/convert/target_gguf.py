@@ -22,6 +22,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import detect_format
 from dspark_cli.runtime.checkpoint.read import Checkpoint, open_checkpoint
 from dspark_cli.runtime.checkpoint.stateful import family_of_config_dict
+from dspark_cli.runtime.checkpoint.target_files import check_target_files
 from dspark_cli.runtime.convert.gguf import FILE_TYPES, LAYER_TENSORS, add_tensor, file_type, write_source
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
@@ -63,6 +64,7 @@ def convert_target_to_gguf(target: str, out: str | os.PathLike, force: bool = Fa
     folder = Path(target).expanduser()
     if not folder.is_dir():
         raise DsparkError(f"the target {target} is not a local folder; download it first and pass its folder.")
+    check_target_files(target, config=False)  # every value the keys below read, by type: one sentence
     ckpt = open_checkpoint(target)
     config = ckpt.config
     refuse_unsupported(target, config)
