@@ -19,6 +19,7 @@ for others); the plan's notes give both commands. What llama.cpp does, from its 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -115,6 +116,31 @@ def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:
         notes.append("llama.cpp reads each drafted position from its own draft sampler: the draft top-k is not "
                      "passed.")
     return notes
+
+
+def build_binary(name: str) -> Path:
+    """A llama.cpp program (llama-server, llama-quantize): scripts/build_llamacpp.sh's build (under
+    DSPARK_LLAMACPP_CACHE, default ~/.cache/dspark/llama.cpp-b11434) when it is there, else the one on PATH, else
+    the build's path (absent: the caller's message names it)."""
+    cache = Path(os.environ.get("DSPARK_LLAMACPP_CACHE", Path.home() / ".cache/dspark/llama.cpp-b11434"))
+    built = cache / "build" / "bin" / name
+    on_path = shutil.which(name)
+    return built if built.is_file() or on_path is None else Path(on_path)
+
+
+def local_server_argv(binary: Path, target_gguf: Path, draft_gguf: Path | None, spec_args: tuple[str, ...],
+                      port: int, threads: int) -> list[str]:
+    """llama-server on 127.0.0.1:PORT, one slot, its speculation counters on /metrics: the server convert's
+    acceptance guard starts for each draft (`spec_args` are the plan's flags after -md)."""
+    draft = ["-md", str(draft_gguf), *spec_args] if draft_gguf is not None else []
+    return [str(binary), "-m", str(target_gguf), *draft, "--host", "127.0.0.1", "--port", str(port), "-np", "1",
+            "-t", str(threads), "--metrics"]
+
+
+def quantize_argv(binary: Path, source: Path, out: Path, ftype: str, leave_output: bool) -> list[str]:
+    """llama-quantize's argv (tools/quantize/quantize.cpp): `--leave-output-tensor` keeps output.weight as it
+    was; one thread, so that its output does not depend on the machine."""
+    return [str(binary), *(["--leave-output-tensor"] if leave_output else []), str(source), str(out), ftype, "1"]
 
 
 ENGINE = Engine(
