@@ -112,14 +112,15 @@ def free_port() -> int:
 @contextmanager
 def llama_server(target_gguf: Path, draft_gguf: Path | None = None, slots: int = 1, extra: Sequence[str] = (), *,
                  threads: int = 1, slot_context: int = 2048, log: Path | None = None,
-                 startup_timeout: float = 120, server: Path | None = None) -> Iterator[str]:
-    """Start llama-server on a free port of 127.0.0.1 with `slots` parallel slots (the draft under dspark's flags
-    when given), wait until /health answers 200, yield its URL, stop it. `log` keeps the server's output (a
-    temporary file otherwise); `server` is another llama-server binary; a server that exits or never gets healthy
-    raises RuntimeError with its log's tail."""
+                 startup_timeout: float = 120, server: Path | None = None,
+                 spec: Sequence[str] | None = None) -> Iterator[str]:
+    """Start llama-server on a free port of 127.0.0.1 with `slots` parallel slots (the draft under `spec`, its
+    speculative flags, when given: dspark's for the demo draft by default), wait until /health answers 200, yield its
+    URL, stop it. `log` keeps the server's output (a temporary file otherwise); `server` is another llama-server
+    binary; a server that exits or never gets healthy raises RuntimeError with its log's tail."""
     argv = [str(server or SERVER), "-m", str(target_gguf)]
     if draft_gguf is not None:
-        argv += ["-md", str(draft_gguf)] + dspark_spec_args()
+        argv += ["-md", str(draft_gguf)] + list(dspark_spec_args() if spec is None else spec)
     argv += ["--host", "127.0.0.1", "-t", str(threads), "-np", str(slots), "-c", str(slots * slot_context),
              *extra]
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4).
+model and plan's verdict (P1-P4), and DFlash2 drafts handed to the engines (Y1-).
 """
 
 from __future__ import annotations
@@ -313,6 +313,12 @@ MUTATIONS = [
     m("P4", "the draft length chosen by acceptance (τ), not by tokens/s", "measure/verdict.py",
       [("best = max(predictions, key=lambda p: p.tokens_per_s)", "best = max(predictions, key=lambda p: p.tau)")],
       "test_verdict.py::test_the_draft_length_is_chosen_by_tokens_per_second"),
+    # DFlash2 drafts for the engines (Y1-): the GGUF llama.cpp loads
+    m("Y1", "the GGUF writer transposes the selector's tensors (codebooks and hidden projection)", "convert/gguf.py",
+      [("    data = _array(ckpt, info)\n    if len(info.shape) == 1 or dflash2_gguf.kept_f32(name):",
+        "    data = _array(ckpt, info)\n    data = np.ascontiguousarray(data.T) if name.startswith('selector_') else data\n"
+        "    if len(info.shape) == 1 or dflash2_gguf.kept_f32(name):")],
+      "test_convert_dflash2_gguf.py::test_selector_and_conv_tensors_are_the_checkpoints_untransposed"),
 ]
 
 

@@ -27,6 +27,7 @@ from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.fingerprint import SOURCE_KEY, folder_fingerprint
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
+from dspark_cli.runtime.convert import dflash2_gguf
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
 
@@ -95,9 +96,10 @@ def refuse_unfaithful(config: DraftConfig, ckpt: Checkpoint) -> None:
 
 def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
     """Why the conversion would change the draft (src/models/dflash.cpp, conversion/qwen.py), or None."""
-    if config.kind not in ("dspark", "dflash"):
-        return "its config is not a DSpark or DFlash draft's"
-    if config.family != "qwen3":
+    dflash2 = dflash2_gguf.dflash2_keys(config.raw)
+    if config.kind not in ("dspark", "dflash") and dflash2 is None:
+        return "its config is not a DSpark, DFlash or DFlash2 draft's"
+    if config.family not in ("qwen3", "dflash2"):
         return f"it is a {config.family_title()} draft, and dspark converts Qwen3-family drafts only"
     if config.has_markov and config.markov_head_type != "vanilla":
         return (f"its Markov head is {config.markov_head_type!r}, and llama.cpp's dflash model has the vanilla head "
@@ -110,6 +112,8 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
                 "and the Markov state")
     if not config.layer_ids:
         return "its config names no target_layer_ids"
+    if dflash2 is not None:
+        return dflash2_gguf.startup_refusal(dflash2, config.hidden_size, config.block_size.value)
     return None
 
 
@@ -151,8 +155,16 @@ def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpo
     writer.add_float32(f"{ARCH}.rope.freq_base", config.rope_theta)
     writer.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_array(f"{ARCH}.target_layers", llamacpp_target_layers(config.layer_ids))
-    writer.add_bool(f"{ARCH}.sample_from_anchor", config.sample_from_anchor)
-    writer.add_bool(f"{ARCH}.has_confidence_head", "conf_proj.weight" in names.values())
+    dflash2 = dflash2_gguf.dflash2_keys(config.raw)
+    if dflash2 is None:
+        writer.add_bool(f"{ARCH}.sample_from_anchor", config.sample_from_anchor)
+        writer.add_bool(f"{ARCH}.has_confidence_head", "conf_proj.weight" in names.values())
+    else:  # conversion/qwen.py's DFlashModel: the selector's keys, no DSpark ones
+        uints, floats = dflash2_gguf.gguf_keys(dflash2)
+        for key, value in uints.items():
+            writer.add_uint32(key, value)
+        for key, value in floats.items():
+            writer.add_float32(key, value)
     writer.add_uint32("general.quantization_version", 2)
 
 
@@ -178,8 +190,8 @@ def _llamacpp_name(name: str) -> str | None:
     if name.startswith("layers."):
         _, index, rest = name.split(".", 2)
         mapped = LAYER_TENSORS.get(rest)
-        return f"blk.{index}.{mapped}" if mapped else None
-    return TOP_TENSORS.get(name)
+        return f"blk.{index}.{mapped}" if mapped else dflash2_gguf.llamacpp_name(name)
+    return TOP_TENSORS.get(name) or dflash2_gguf.llamacpp_name(name)
 
 
 def file_type(ckpt: Checkpoint) -> int:
@@ -220,12 +232,13 @@ def _array(ckpt: Checkpoint, info: TensorInfo):
 
 
 def add_tensor(writer, name: str, ckpt: Checkpoint, info: TensorInfo) -> None:
-    """Matrices in their own dtype; vectors widened to F32, exactly (BF16's bits are the top half of F32's)."""
+    """Matrices in their own dtype; vectors and the tensors llama.cpp's converter keeps F32 (DFlash2's conv base
+    kernels) widened to F32, exactly (BF16's bits are the top half of F32's)."""
     import gguf
     import numpy as np
 
     data = _array(ckpt, info)
-    if len(info.shape) == 1:
+    if len(info.shape) == 1 or dflash2_gguf.kept_f32(name):
         data = (data.astype(np.uint32) << 16).view(np.float32) if info.dtype == "BF16" else data.astype(np.float32)
         writer.add_tensor(name, data)
     elif info.dtype == "BF16":
