@@ -178,7 +178,26 @@ def test_cli_json_plot_exclusive_and_failures(tmp_path):
     assert run_cli(spec.url, "--plot", "-").exit_code == 2
 
 
-def test_ctrl_c_prints_what_was_measured(tmp_path):
+@pytest.mark.parametrize("answer, why", [
+    ("json", "no tokens: the server answered without streaming (Content-Type application/json"),
+    ("tgi", "no tokens: 5 streamed event(s) carried no completion text"),
+])
+def test_a_request_that_produced_no_tokens_failed_and_the_run_says_why(tmp_path, answer, why):
+    out = tmp_path / "serve.json"
+    with FakeEngine(flavour="openai", tokens=3, answer=answer) as engine:
+        warm = run_cli(engine.url, "--concurrency", "1", "--requests", "2")
+        cold = run_cli(engine.url, "--concurrency", "1", "--requests", "2", "--no-warmup", "--json", out)
+    assert warm.exit_code == 2 and "failed the warm-up completion: " + why in " ".join(warm.output.split())
+    message = " ".join(cold.output.split())
+    assert cold.exit_code == 1 and "2 request(s) failed or timed out" in message and f"The first: {why}" in message
+    assert [r["tokens"] for r in json.loads(out.read_text())["requests"]] == [0, 0]
+    # what the message says was kept is what is on disk: the --json file, not the temporary file it went through
+    assert f"Already written and kept: {out}." in message and ".tmp" not in message
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupt_prints_what_was_measured(tmp_path, signum, code, word):
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(f"prompt {i}" for i in range(40)) + "\n")
     with FakeEngine(flavour="llamacpp", tokens=4, gap=0.05) as engine:
@@ -190,10 +209,11 @@ def test_ctrl_c_prints_what_was_measured(tmp_path):
         deadline = time.time() + 60
         while engine.served < 5 and time.time() < deadline:  # the warm-up and 4 prompts
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
-    assert "spec" in stdout and "interrupted" in stderr
+    assert process.returncode == code, stderr
+    kept = f"{word}: already written and kept: {tmp_path / 'partial.json'}"
+    assert "spec" in stdout and kept in "".join(stderr.split("\n"))
     doc = json.loads((tmp_path / "partial.json").read_text())
     assert doc["interrupted"] and not doc["levels"][0]["complete"]
     assert 3 <= doc["levels"][0]["ok"] < 40  # the last one served may still be on its way

@@ -226,6 +226,32 @@ def test_a_request_past_its_timeout_is_an_error_record(server, tmp_path):
     assert error["error"] == "the server did not answer /completion within 0.5 s (the timeout option)."
 
 
+@pytest.mark.parametrize("server", ["llamacpp", "vllm"], indirect=True)
+def test_any_failure_of_one_request_is_its_error_record_and_the_rest_are_kept(server, tmp_path, monkeypatch):
+    """A reply cut mid-body, a first line that is not HTTP and an exception of any other kind each become that
+    conversation's error record; the other conversations, before and after them, succeed."""
+    from dspark_cli.runtime.regen.client import Server
+
+    real = Server.reply
+
+    def reply(self, messages):
+        if "BUG" in messages[-1]["content"]:
+            raise RuntimeError("anything at all")
+        return real(self, messages)
+
+    monkeypatch.setattr(Server, "reply", reply)
+    turns = ["one", "CUT here", "two", "NOTHTTP here", "three", "BUG here", "four"]
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"turns": [turn]} for turn in turns])
+    _, tally = run(server, prompts, tmp_path / "out.jsonl", concurrency=3)
+    assert (tally.succeeded, tally.failed) == (4, 3)
+    assert sorted(r["index"] for r in lines(tmp_path / "out.jsonl")) == [0, 2, 4, 6]
+    errors = {r["index"]: r["error"] for r in lines(error_path(tmp_path / "out.jsonl"))}
+    path = "/completion" if server.flavour == "llamacpp" else "/v1/chat/completions"
+    assert errors[1].startswith(f"the server's answer to {path} broke off or is not HTTP (IncompleteRead")
+    assert errors[3].startswith(f"the server's answer to {path} broke off or is not HTTP (BadStatusLine")
+    assert errors[5] == "the request failed (RuntimeError: anything at all)."
+
+
 def test_connect_refuses_bad_addresses_and_models(server):
     with pytest.raises(SettingError, match="not an http"):
         connect("localhost:8080", Sampling())

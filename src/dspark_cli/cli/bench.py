@@ -382,10 +382,12 @@ def serve(
     elif plot is not None:
         _write_exclusive(plot, force, lambda path: write_serve_chart(report, path))
     if report.interrupted:
-        raise KeyboardInterrupt
+        raise report.stop  # Ctrl-C or SIGTERM, so that its exit code is 130 or 143
     if report.failures:
+        first = report.failed[0]
         raise DsparkError(f"{report.failures} request(s) failed or timed out (the table's req column); their "
-                          "tokens are not in the figures.", EXIT_FINDINGS)
+                          "tokens are not in the figures. The first: "
+                          f"{'timed out' if first.timed_out else first.error}.", EXIT_FINDINGS)
 
 
 @bench_app.command("engine")
@@ -489,27 +491,18 @@ def _engine_notes(profile) -> list[str]:
 
 
 def _check_exclusive(outputs: list[tuple[str, Path | None]], inputs: list, force: bool) -> None:
-    """check_output_files, and an existing file refused unless --force: before any request is sent."""
+    """The output check, an existing file refused unless --force: before any request is sent."""
     from dspark_cli.runtime.io.outputs import check_output_files
 
-    check_output_files(outputs, inputs)
-    for what, path in outputs:
-        if path is not None and not options.to_stdout(path) and path.exists() and not force:
-            raise DsparkError(f"{what} {path} already exists; choose another file or pass --force to replace it.")
+    check_output_files(outputs, inputs, force)
 
 
 def _write_exclusive(path: Path | None, force: bool, write) -> None:
-    """Write through a temporary file beside `path`, published without replacing one that appeared meanwhile
+    """Written through a temporary file beside `path`, published without replacing one that appeared meanwhile
     (unless --force); `-` is stdout."""
-    from dspark_cli.runtime.io.outputs import atomic_output_file
+    from dspark_cli.runtime.io.outputs import write_output_file
 
-    if path is None:
-        return
-    if options.to_stdout(path):
-        write(path)
-        return
-    with atomic_output_file(path, force) as tmp:
-        write(tmp)
+    write_output_file(path, write, force)
 
 
 def _serve_table(report, padding: tuple[int, int]) -> Table:

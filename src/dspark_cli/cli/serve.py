@@ -48,6 +48,8 @@ def serve(
                                 "(docs/engines.md).") = "vllm",
     calibration: options.calibration("STS temperatures of `dspark calibrate`, handed to SGLang or TensorRT-LLM "
                                      "(their confidence head's calibration).") = None,
+    force: options.force("Replace an existing engine config file beside the --json file (TensorRT-LLM's "
+                         "dspark-trtllm.yaml).") = False,
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
                                                     help="Extra arguments for the engine's command, after `--`."),
 ) -> None:
@@ -57,8 +59,9 @@ def serve(
     from dspark_cli.runtime.engines.vllm import exec_vllm, find_vllm
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
-    check_output_file(json_path, local_inputs("target", [target]) + local_inputs("draft", [draft])
-                      + local_inputs("--from-plan file", [from_plan]), "--json file")
+    inputs = (local_inputs("target", [target]) + local_inputs("draft", [draft])
+              + local_inputs("--from-plan file", [from_plan]) + local_inputs("--calibration file", [calibration]))
+    check_output_file(json_path, inputs, "--json file")
     fields = {} if from_plan is None else plan_fields(from_plan, engine_name)
     block_size, threshold = plan_settings(fields, from_plan, block_size)
     chosen = engine(engine_name)
@@ -87,6 +90,10 @@ def serve(
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise from_plan_worded(error, from_plan) from None
+    writes_files = not (dry_run and json_path is None) and not options.to_stdout(json_path)
+    if writes_files:
+        written = [] if json_path is None else [("--json file", json_path)]  # written first, existing or not
+        check_side_files(plan, request.files_dir, inputs + written, force)
     installed, hint = chosen.installed(), chosen.install_hint
     if json_path is not None:
         extra = {"vllm": find_vllm()} if chosen.name == "vllm" else {"installed": installed}
@@ -94,7 +101,7 @@ def serve(
         if options.to_stdout(json_path):
             return
     print_notes(plan)
-    write_files(plan, request.files_dir, printed=dry_run and json_path is None)
+    write_files(plan, request.files_dir, printed=not writes_files, force=force)
     print(plan.command, flush=True)  # plain print: rich would wrap the line and break copy-paste
     if dry_run or json_path is not None:
         return
@@ -119,9 +126,17 @@ def files_dir(json_path: Path | None, dry_run: bool) -> str:
     return tempfile.mkdtemp(prefix="dspark-serve-")
 
 
-def write_files(plan: "ServePlan", folder: str, printed: bool) -> None:
-    """The engine's config files: printed on stderr under their names (--dry-run), else written atomically."""
-    from dspark_cli.runtime.io.outputs import atomic_write_text, record_written
+def check_side_files(plan: "ServePlan", folder: str, inputs: list, force: bool) -> None:
+    """The engine's config files go through the output check before anything is written: not an input, not the
+    --json file, not an existing file unless --force."""
+    from dspark_cli.runtime.io.outputs import check_output_files
+
+    check_output_files([(f"{plan.engine}'s config file", Path(folder) / name) for name in plan.files], inputs, force)
+
+
+def write_files(plan: "ServePlan", folder: str, printed: bool, force: bool) -> None:
+    """The engine's config files: printed on stderr under their names (--dry-run), else written exclusively."""
+    from dspark_cli.runtime.io.outputs import write_output_file
 
     for name, text in plan.files.items():
         path = Path(folder) / name
@@ -129,8 +144,7 @@ def write_files(plan: "ServePlan", folder: str, printed: bool) -> None:
             render.err_console.print(f"[dim]save as {escape(str(path))}:[/]\n{escape(text)}", highlight=False,
                                      soft_wrap=True)
             continue
-        atomic_write_text(path, text)
-        record_written(path)
+        write_output_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), force)
         render.err_console.print(f"[dim]wrote {escape(str(path))}[/]", highlight=False)
 
 

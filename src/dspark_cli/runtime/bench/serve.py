@@ -178,10 +178,12 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
         if response.status != 200:
             result.error = f"HTTP {response.status}: {_error_text(response.read(MAX_BODY))}"
         else:
-            _read_stream(response, sock, result, start, deadline, stop)
+            events = _read_stream(response, sock, result, start, deadline, stop)
+            if result.ok and result.tokens == 0:
+                result.error = _no_tokens(response.getheader("Content-Type"), events)
     except (TimeoutError, socket.timeout):
         result.timed_out = True
-    except (OSError, http.client.HTTPException) as error:
+    except Exception as error:  # whatever the transport or the server did: this request's failure, not the run's
         result.error = f"{type(error).__name__}: {error}"
     finally:
         connection.close()
@@ -192,31 +194,43 @@ def stream_completion(endpoint: Endpoint, model: str | None, prompt: str, max_to
 
 
 def _read_stream(response, sock: socket.socket, result: RequestResult, start: float, deadline: float,
-                 stop: threading.Event | None) -> None:
+                 stop: threading.Event | None) -> int:
+    """The response's server-sent events into `result`; the number of `data:` events read."""
+    events = 0
     while True:
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             result.timed_out = True
-            return
+            return events
         if stop is not None and stop.is_set():
             result.error = "interrupted"
-            return
+            return events
         sock.settimeout(remaining)  # every read waits only for the time left
         line = response.readline(MAX_LINE)
         if not line:
-            return
+            return events
         line = line.strip()
         if not line.startswith(b"data:"):
             continue
+        events += 1
         data = line[5:].strip()
         if data == b"[DONE]":
-            return
+            return events
         try:
             event = json.loads(data)
         except ValueError:
             continue
         if isinstance(event, dict):
             _take_event(event, result, time.perf_counter() - start)
+
+
+def _no_tokens(content_type: str | None, events: int) -> str:
+    """Why a response that ended without an error generated no tokens: it was not a stream, or not this schema."""
+    if events == 0:
+        return (f"no tokens: the server answered without streaming (Content-Type {content_type or 'none'}, no "
+                "server-sent events); bench serve reads streamed /v1/completions")
+    return (f"no tokens: {events} streamed event(s) carried no completion text (choices[0].text) and no "
+            "usage.completion_tokens; the server streams another event schema than OpenAI's /v1/completions")
 
 
 def _take_event(event: dict, result: RequestResult, now: float) -> None:
@@ -391,7 +405,11 @@ class ServeReport:
     config: ServeConfig
     servers: dict[str, Server]
     levels: list[Level] = field(default_factory=list)
-    interrupted: bool = False
+    stop: KeyboardInterrupt | Terminated | None = None  # what interrupted the run: Ctrl-C or SIGTERM
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop is not None
 
     def level(self, server: str, concurrency: int) -> Level | None:
         return next((lv for lv in self.levels if lv.server == server and lv.concurrency == concurrency), None)
@@ -403,8 +421,13 @@ class ServeReport:
         return spec.throughput / base.throughput
 
     @property
+    def failed(self) -> list[RequestResult]:
+        """The requests that failed or timed out (one cut short by an interrupt is not one of them)."""
+        return [r for lv in self.levels for r in lv.requests if not r.ok and r.error != "interrupted"]
+
+    @property
     def failures(self) -> int:
-        return sum(not r.ok for lv in self.levels for r in lv.requests if r.error != "interrupted")
+        return len(self.failed)
 
     def to_dict(self) -> dict:
         return {"format": SERVE_FORMAT,
@@ -471,8 +494,8 @@ def warm_up(server: Server, prompt: str, timeout_s: float) -> None:
     """One short untimed request, so that a lazy first-request cost is not in the first level."""
     result = stream_completion(server.endpoint, server.model, prompt, WARMUP_TOKENS, timeout_s)
     if result.error is not None:
-        raise DsparkError(f"the {server.role} server at {server.endpoint.url} refused a completion: {result.error}; "
-                          "check the model option and that the engine serves /v1/completions.")
+        raise DsparkError(f"the {server.role} server at {server.endpoint.url} failed the warm-up completion: "
+                          f"{result.error}; check the model option and that the engine streams /v1/completions.")
 
 
 def run_serve_bench(config: ServeConfig, on_request: Callable[[RequestResult], None] | None = None) -> ServeReport:
@@ -492,8 +515,8 @@ def run_serve_bench(config: ServeConfig, on_request: Callable[[RequestResult], N
                 level = Level(server.role, server.engine, concurrency)
                 report.levels.append(level)
                 run_level(server, config.prompts, config, level, on_request)
-    except (KeyboardInterrupt, Terminated):
-        report.interrupted = True
+    except (KeyboardInterrupt, Terminated) as stop:
+        report.stop = stop
     return report
 
 

@@ -3,7 +3,9 @@
 Every command that writes goes through this module:
   - `refuse_input_overlap`: an output path must not be, contain or lie inside any input (symlinks resolved);
   - `check_output_file`: the same for a single output file (--json, --plot), plus "not a folder, parent writable",
-    checked before any long run;
+    checked before any long run; `check_output_files`: one command's files, each also against the others, and
+    for a command that writes exclusively an existing file refused unless `force`;
+  - `write_output_file`: such a command's file, published exclusively (`atomic_output_file`);
   - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
     (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
@@ -22,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Union
 
 from dspark_cli.errors import DsparkError
 
@@ -109,14 +111,23 @@ def check_output_file(path: PathLike | None, inputs: Iterable[NamedInput], what:
                           "path.") from None
 
 
-def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Iterable[NamedInput]) -> None:
+def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Iterable[NamedInput],
+                       force: bool | None = None) -> None:
     """check_output_file for each (what, path) of one command's outputs, each also against the outputs before it:
-    two outputs naming one file (or one inside the other) would destroy each other, existing or not."""
+    two outputs naming one file (or one inside the other) would destroy each other, existing or not.
+
+    `force` is given by a command that writes its files exclusively (`write_output_file`): then a file that exists
+    is refused unless `force` is True, before any work.
+    """
     inputs, earlier = list(inputs), []
     for what, path in outputs:
         check_output_file(path, inputs + earlier, what)
-        if path is not None and os.fspath(path) != "-":
-            earlier.append((what, path))
+        if path is None or os.fspath(path) == "-":
+            continue
+        if force is False and os.path.lexists(os.path.expanduser(os.fspath(path))):
+            raise DsparkError(f"{what} {path} already exists; choose another file or pass the force option to "
+                              "replace it.")
+        earlier.append((what, path))
 
 
 def check_writable_parent(path: PathLike, what: str) -> None:
@@ -147,8 +158,9 @@ def record_written(path: PathLike) -> None:
 
 
 def written_outputs() -> list[Path]:
-    """The outputs put in place since forget_written(): what an error or an interrupt leaves behind."""
-    return list(_written)
+    """The outputs put in place since forget_written() that are still there: what an error or an interrupt leaves
+    behind (a file written into a temporary file or folder that was renamed or removed since is not)."""
+    return [path for path in _written if os.path.lexists(path)]
 
 
 def forget_written() -> None:
@@ -158,9 +170,10 @@ def forget_written() -> None:
 
 def kept_sentence() -> str:
     """What is on disk after a failed or interrupted command, as a clause: 'nothing was written' when true."""
-    if not _written:
+    written = written_outputs()
+    if not written:
         return "nothing was written"
-    return "already written and kept: " + ", ".join(str(path) for path in _written)
+    return "already written and kept: " + ", ".join(str(path) for path in written)
 
 
 def is_disk_error(error: BaseException) -> bool:
@@ -318,6 +331,18 @@ def atomic_output_file(out: Path, force: bool = False) -> Iterator[Path]:
                               f"{out} was not written.") from None
         raise
     record_written(out)
+
+
+def write_output_file(path: PathLike | None, write: Callable[[Path], None], force: bool) -> None:
+    """`write(file)` into a temporary file beside `path`, then published exclusively (`atomic_output_file`): an
+    existing file is replaced only with `force`. None writes nothing; `-` is stdout (`write("-")`)."""
+    if path is None:
+        return
+    if os.fspath(path) == "-":
+        write(Path("-"))
+        return
+    with atomic_output_file(Path(os.path.expanduser(os.fspath(path))), force) as tmp:
+        write(tmp)
 
 
 def _publish(tmp: Path, out: Path) -> None:

@@ -14,6 +14,7 @@ Two APIs, each returning the token ids the server itself used and produced (neve
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import socket
@@ -107,6 +108,9 @@ class Server:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", None) or error
             raise ServerError(f"cannot reach the server at {self.url} ({reason}).") from None
+        except http.client.HTTPException as error:  # a reply cut mid-body, a first line that is not HTTP, ...
+            raise ServerError(f"the server's answer to {path} broke off or is not HTTP ({type(error).__name__}: "
+                              f"{str(error)[:80] or 'no detail'}).") from None
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError):

@@ -24,6 +24,7 @@ from dspark_cli.runtime.regen.records import (append, count_records, error_path,
                                               success_record)
 
 POLL_S = 0.2  # how often the writing thread wakes while it waits (so that Ctrl-C is seen at once)
+ERROR_CHARS = 300  # of an unexpected exception's text quoted in an error record
 
 
 @dataclass
@@ -143,6 +144,9 @@ def regenerate_one(server: Server, conversation: Conversation, settings: dict) -
             reply = server.reply(messages)
         except ServerError as error:
             return error_record(conversation, len(turns) + 1, str(error), settings)
+        except Exception as error:  # whatever else failed this request: this conversation's error, not the run's
+            return error_record(conversation, len(turns) + 1, f"the request failed ({type(error).__name__}: "
+                                f"{str(error)[:ERROR_CHARS] or 'no detail'}).", settings)
         turns.append(_turn(reply))
         messages.append({"role": "assistant", "content": reply.text})
     return success_record(conversation, messages, turns, settings)
