@@ -15,6 +15,11 @@ for others); the plan's notes give both commands. What llama.cpp does, from its 
   each block position is read from the draft's sampler (the Markov bias chained in-graph), so dspark's draft
   top-k and draft sample method have no llama.cpp counterpart.
 - src/models/dflash.cpp: only the vanilla Markov head (markov_w1, markov_w2) is loaded.
+DFlash2 drafts (docs/engine-llamacpp.md): speculative.md's `draft-dflash` spec type, `--spec-draft-n-max` clamped
+to the trained block size minus the anchor's slot (common/speculative.cpp, `n_draft_max = block_size - 1` for a
+draft that is not draft-dspark); the draft loop walks the selector's lattice greedily (`is_dflash2`) and
+`--spec-draft-p-min` stops it at the first position whose selector top-1 probability is below P; dflash.cpp refuses
+a hidden size below top_k·(top_k + 1) at start-up (validate's DSP062, vLLM and SGLang serve such a draft).
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from dspark_cli.runtime.engines.seam import (
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
 
 LLAMA_SERVER = "llama-server"
-OWN_CODES = frozenset({"DSP012"})  # a non-vanilla Markov head: src/models/dflash.cpp loads markov_w1/w2 only
+# DSP012 a non-vanilla Markov head: src/models/dflash.cpp loads markov_w1/w2 only; DSP062 a DFlash2 hidden size
+# below top_k * (top_k + 1): dflash.cpp packs each position's lattice into one hidden-size row
+OWN_CODES = frozenset({"DSP012", "DSP062"})
 OWN_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--spec-type", "--spec-draft-n-max",
              "--spec-draft-p-min", "--draft-p-min")  # common/arg.cpp spellings of what dspark sets
 
@@ -54,16 +61,23 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     if refused:
         raise DraftRefused(report, refused, request.target, ENGINE.label)
     target, draft = gguf_beside(request.target, "target"), gguf_beside(request.draft, "draft")
-    argv = llama_server_argv(target, draft, resolve_block_size(config, request.block_size), request)
-    spec = {"spec_type": "draft-dspark", "spec_draft_n_max": resolve_block_size(config, request.block_size)}
+    spec = {"spec_type": spec_type(config), "spec_draft_n_max": resolve_block_size(config, request.block_size)}
+    argv = llama_server_argv(target, draft, spec, request)
     return ServePlan(target=target, draft=draft, speculative_config=spec, argv=argv, engine=ENGINE.name,
                      report=report, trained_block_size=trained_block_size(config), draft_quantization="unquantized",
                      notes=_notes(request, target, draft))
 
 
-def llama_server_argv(target: str, draft: str, n_max: int, request: ServeRequest) -> list[str]:
-    """`llama-server -m TARGET.gguf -md DRAFT.gguf --spec-type draft-dspark --spec-draft-n-max N [...]`."""
-    argv = [LLAMA_SERVER, "-m", target, "-md", draft, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(n_max)]
+def spec_type(config: DraftConfig) -> str:
+    """llama.cpp's spec type for the draft: draft-dflash for a DFlash2 draft (its selector needs the DFlash block
+    of the anchor and N masks), draft-dspark for a DSpark one."""
+    return "draft-dflash" if config.has_selector else "draft-dspark"
+
+
+def llama_server_argv(target: str, draft: str, spec: dict, request: ServeRequest) -> list[str]:
+    """`llama-server -m TARGET.gguf -md DRAFT.gguf --spec-type TYPE --spec-draft-n-max N [...]`."""
+    argv = [LLAMA_SERVER, "-m", target, "-md", draft, "--spec-type", spec["spec_type"], "--spec-draft-n-max",
+            str(spec["spec_draft_n_max"])]
     if request.confidence_threshold is not None:
         argv += ["--spec-draft-p-min", str(request.confidence_threshold)]
     if request.port is not None:
@@ -93,18 +107,21 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     """llama.cpp's own refusals beyond validate's codes (DSP721-DSP723): other backbones than Qwen3 (speculative.md
     of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head."""
     findings = []
-    if config.family != "qwen3":
+    if config.family not in ("qwen3", "dflash2"):
         findings.append(engine_finding("DSP721", f"this is a {config.family_title} draft."))
     head = head_quantization(report)
     if head:
         findings.append(engine_finding("DSP722", f"markov_w2 is stored {head}."))
-    if not config.has_markov:
+    if not config.has_markov and not config.has_selector:
         findings.append(engine_finding("DSP723", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
     notes = ["llama.cpp loads GGUF files: the draft and a Qwen3 or Qwen2 target through dspark convert, another "
              "target through llama.cpp's own converter (docs/convert.md)."]
     if config.enable_confidence_head:
         notes.append("llama.cpp uses the confidence head only as a static per-position cut-off (spec-draft-p-min), "
                      "not a verify budget; an STS file is not read.")
+    if config.has_selector:
+        notes.append("DFlash2: llama.cpp walks the selector's lattice greedily at every temperature (the target "
+                     "still verifies exactly); its selector top-1 probability is the cut-off spec-draft-p-min reads.")
     return findings, notes
 
 
