@@ -170,3 +170,14 @@ def test_trtllm_takes_no_sts_file_from_dspark(tmp_path):
     sts.write_text('{"temperatures": [1.0]}')
     with pytest.raises(DsparkError, match="TensorRT-LLM reads an STS file only with enable_confidence_scheduling"):
         engine("trtllm").plan(ServeRequest("missing-target", "missing-draft", calibration=str(sts)))
+
+
+def test_llamacpp_refuses_a_draft_without_markov_head(tmp_path):
+    """A DFlash-style draft (markov_rank 0): llama.cpp's dflash loader needs markov_w1 / markov_w2, so its verdict
+    refuses with DSP723 (never "serves with losses"), through validate --engine llamacpp too (exit 1)."""
+    spec = S.with_(markov_rank=0, confidence=False)
+    draft, target = write_draft(tmp_path / "d", spec), write_target_config(tmp_path / "t", spec)
+    got = verdicts(draft, target)["llamacpp"]
+    assert got.status == "refuses" and [f.code for f in got.refused] == ["DSP723"]
+    result = runner.invoke(app, ["validate", str(draft), "--target", str(target), "--engine", "llamacpp"])
+    assert result.exit_code == 1 and "DSP723" in result.output, result.output

@@ -65,6 +65,33 @@ def test_tensorrt_llm_keeps_the_full_block_unless_the_gain_beats_its_minimum():
     assert _lengths("sglang", rounds, _trt(gain=4.0)) == [0, 0]  # SGLang has no such fallback
 
 
+class _Seconds:
+    """A cost table of given seconds per verified token count (one request), TensorRT-LLM's gain 0."""
+
+    minimum_predicted_gain = 0.0
+
+    def __init__(self, seconds):
+        self.table = seconds
+
+    def seconds(self, requests, tokens):
+        return self.table[tokens]
+
+
+def test_tensorrt_llm_breaks_an_exact_tie_toward_the_larger_budget():
+    """One request, survivals 1, 0.5, 0.25 past nothing and 2, 2.5, 4 s for 2, 3, 4 tokens: Θ(0) = 2 / 2 and
+    Θ(1) = 2.5 / 2.5 tie exactly at 1.0, Θ(2) = 0.6875. TensorRT-LLM takes the larger budget (1 past its floor of
+    1); SGLang's argmax the first (Θ over 1 + its floor of 0: 1 / s(1))."""
+    rows = [[1.0, 0.5, 0.25]]
+    cost = _Seconds({2: 2.0, 3: 2.5, 4: 4.0})
+    assert schedule.thetas(rows, 1, cost, 0.0) == [1.0, 1.0, 0.6875]
+    assert schedule.budget(_scheduler("trtllm"), rows, cost, 0.0) == 1
+    logit = [math.inf, 0.0, math.log(0.25 / 0.75)]  # survivals 1, 0.5, 0.25 (sigmoid(inf) = 1)
+    rounds = [_round(logit)]
+    assert schedule.verify_lengths(_scheduler("trtllm"), rounds, rounds, cost) == [2]
+    sglang = _Seconds({1: 1.0, 2: 2.0, 3: 2.5, 4: 4.0})  # Θ: 1, 1, 1, 0.6875: the first of three ties
+    assert schedule.budget(_scheduler("sglang"), rows, sglang, 0.0) == 0
+
+
 def test_the_budget_comes_from_lagged_confidences():
     """One request, rounds of c = 0.01, 0.01, 0.99, all accepted; SPS 100, 60, 50 at 1, 2, 3 tokens. Survival 1
     (no history) verifies both drafts (Θ 100, 120, 150); c = 0.01 none (100, 60.6, 50.5); c = 0.99 both (100, 119.4,

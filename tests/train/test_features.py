@@ -141,3 +141,19 @@ def test_spec_and_records_round_trip_and_refuse_what_does_not_fit():
     assert tokens.shape == mask.shape == (2, 5) and features.layers.shape == (2, 5, 8)
     with pytest.raises(DsparkError, match="'layers' is torch.float32 \\[5, 6\\], expected torch.float32 \\[5, 8\\]"):
         FeatureRecord.from_tensors({**record.to_tensors(), "layers": torch.zeros(5, 6)}, small, "r.safetensors")
+
+
+def test_the_frozen_head_divides_by_a_granite_targets_logits_scaling():
+    """Granite divides its lm_head's output by logits_scaling (8 here): the frozen head's logits are the model's."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, logits_scaling=8.0)
+    target = GraniteForCausalLM(config).eval()
+    tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        own = target(input_ids=tokens).logits
+        mine = TargetHead(target)(capture_target_features(target, tokens, [0]).last_hidden)
+    assert torch.allclose(mine, own, atol=1e-6, rtol=1e-5) and own.abs().max() > 0.01
+    TargetHead(target).check(target, tokens[:1], "t")

@@ -48,6 +48,22 @@ def test_chained_tau_is_the_loops_tau_round_for_round(demo, with_stop):
     assert estimate.accepted_at == pytest.approx([sum(r.accepted > j for r in rounds) / len(rounds) for j in range(K)])
 
 
+def test_a_stop_token_as_the_first_new_token_ends_that_prompt_with_no_round(demo):
+    """The target's first new token (from the prefill) is a stop token: the loop runs no round for that prompt, and
+    the estimator neither drafts past it (an IndexError) nor counts a round; the other prompt is measured as usual."""
+    text = Path(json_module.__file__).with_name("decoder.py").read_text()
+    ids = torch.tensor(demo.encode(text, chat=False))
+    prompts = [ids[0:32], ids[300:332]]
+    stops = (demo.baseline(prompts[0].tolist(), max_new_tokens=1, stop_ids=()).tokens[-1],)
+    held = held_out(TargetModel(demo.target.model), prompts, 24, demo.block_size, demo.draft.config.layer_ids, stops)
+    estimate = chained_tau(demo.draft, held, demo.target.vocab_size)
+    results = [demo.generate(prompt.tolist(), max_new_tokens=24, stop_ids=stops) for prompt in prompts]
+    assert results[0].stats.rounds == [] and results[0].finished_by_stop
+    rounds = [r for result in results for r in result.stats.rounds]
+    assert estimate.rounds == len(rounds) > 0
+    assert estimate.tau == pytest.approx(sum(r.emitted for r in rounds) / len(rounds), abs=1e-12)
+
+
 def test_a_prompt_set_is_encoded_as_eval_encodes_it(demo):
     path = DEMO_DIR / "eval_code.jsonl"
     texts = [json_module.loads(line)["turns"][0] for line in path.read_text().splitlines()]
