@@ -16,7 +16,7 @@ def test_the_registry_and_an_unknown_engine():
     with pytest.raises(DsparkError, match=rf"^the engine 'nosuch' is not one dspark serves with; use one of {listed}\.$"):
         engine("nosuch")
     assert "llamacpp" in ENGINES and engine("llamacpp").label == "llama.cpp"
-    assert ENGINE_ONLY_CODES == {"DSP012", "DSP040", "DSP041", "DSP042"}
+    assert ENGINE_ONLY_CODES == {"DSP012", "DSP040", "DSP041", "DSP042", "DSP062"}  # DSP062: llama.cpp's DFlash2 lattice row
 
 
 def test_an_engine_refuses_broken_drafts_and_its_own_codes_only():

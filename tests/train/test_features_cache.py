@@ -296,3 +296,50 @@ def test_ctrl_c_says_which_shards_were_kept(tiny_pair, tmp_path, monkeypatch):  
                      text), text
     assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors", "shard-00001.safetensors",
                                                      "spec.json"]
+
+
+def _retokenized(target: Path, folder: Path, change: str) -> Path:
+    """A copy of the target whose tokenizer keeps its vocabulary but changes one thing that sets the ids."""
+    import shutil
+
+    shutil.copytree(target, folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    if change == "merges":
+        merges = tokenizer["model"]["merges"]
+        merges[0], merges[-1] = merges[-1], merges[0]
+    elif change == "normalizer":
+        tokenizer["normalizer"] = {"type": "Lowercase"}
+    elif change == "pre_tokenizer":
+        tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, tokenizer["pre_tokenizer"]]}
+    elif change == "special":
+        vocab = tokenizer["model"]["vocab"]
+        config["eos_token"] = next(token for token, index in vocab.items() if index == 5)
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("change", ["merges", "normalizer", "pre_tokenizer", "special"])
+def test_a_cache_of_another_tokenizer_with_the_same_vocabulary_is_refused(tiny_pair, cache, tmp_path,  # noqa: F811
+                                                                          change):
+    """Same vocabulary, same target weights: merges in another order, a normalizer, another pre-tokenizer step or
+    another EOS id each change the ids of the same text, so the tokenizer hash differs (an unchanged copy's does not)
+    and train --features refuses the cache before training."""
+    from transformers import AutoTokenizer
+
+    from dspark_cli.runtime.train.features import tokenizer_hash
+
+    original = AutoTokenizer.from_pretrained(tiny_pair[0])
+    target = _retokenized(tiny_pair[0], tmp_path / "target", change)
+    other = AutoTokenizer.from_pretrained(target)
+    assert other.get_vocab() == original.get_vocab()
+    assert tokenizer_hash(other) != tokenizer_hash(original)
+    assert tokenizer_hash(AutoTokenizer.from_pretrained(tiny_pair[0])) == tokenizer_hash(original)
+    if change == "merges":
+        args = _train_args((target, tiny_pair[1]), cache, tmp_path / "out")
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "spec key 'tokenizer_hash' differs from this target's tokenizer" in " ".join(result.output.split())
+        assert not (tmp_path / "out").exists()

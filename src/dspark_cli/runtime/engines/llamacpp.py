@@ -71,7 +71,7 @@ def plan_serve(request: ServeRequest) -> ServePlan:
 def spec_type(config: DraftConfig) -> str:
     """llama.cpp's spec type for the draft: draft-dflash for a DFlash2 draft (its selector needs the DFlash block
     of the anchor and N masks), draft-dspark for a DSpark one."""
-    return "draft-dflash" if config.has_selector else "draft-dspark"
+    return "draft-dflash" if config.family == "dflash2" else "draft-dspark"
 
 
 def llama_server_argv(target: str, draft: str, spec: dict, request: ServeRequest) -> list[str]:
@@ -112,14 +112,14 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     head = head_quantization(report)
     if head:
         findings.append(engine_finding("DSP722", f"markov_w2 is stored {head}."))
-    if not config.has_markov and not config.has_selector:
+    if not config.has_markov and config.family != "dflash2":
         findings.append(engine_finding("DSP723", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
     notes = ["llama.cpp loads GGUF files: the draft and a Qwen3 or Qwen2 target through dspark convert, another "
              "target through llama.cpp's own converter (docs/convert.md)."]
     if config.enable_confidence_head:
         notes.append("llama.cpp uses the confidence head only as a static per-position cut-off (spec-draft-p-min), "
                      "not a verify budget; an STS file is not read.")
-    if config.has_selector:
+    if config.family == "dflash2":
         notes.append("DFlash2: llama.cpp walks the selector's lattice greedily at every temperature (the target "
                      "still verifies exactly); its selector top-1 probability is the cut-off spec-draft-p-min reads.")
     return findings, notes

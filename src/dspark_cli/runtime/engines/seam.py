@@ -67,6 +67,8 @@ class ServePlan:
     def draft_tokens(self) -> int:
         """Draft tokens per round, under the engine's own name for it."""
         spec = self.speculative_config
+        if "speculative_num_draft_tokens" in spec:  # SGLang's DFLASH block: the anchor and the drafted tokens
+            return spec["speculative_num_draft_tokens"] - 1
         return next(spec[k] for k in ("num_speculative_tokens", "speculative_dspark_block_size", "max_draft_len",
                                       "spec_draft_n_max") if k in spec)
 

@@ -19,6 +19,11 @@ Every rule below was read from sgl-project/sglang (docs/engine-sglang.md lists t
   python/sglang/srt/server_args.py (the DSPARK-only fields' help text).
 Gemma-4 drafts: models/dspark.py registers Qwen3DSparkModel only; whether another SGLang file serves
 Gemma4DSparkModel is not verified (source not found), so it is a note, not a refusal.
+DFlash2 drafts (PR #35371): python/sglang/srt/models/dflash.py's `DFlash2DraftModel` (a DFlashDraftModel with
+`CandidateSelector`; "Reuses the DFLASH speculative worker") raises without dflash_config.selector_rank, and its
+`compute_candidates` needs a dense or supported-quantized target lm_head; speculative/dflash_worker.py @ 0468412f
+takes the block (the anchor and N masks) from --speculative-num-draft-tokens, to which the convolutions' window is
+set. So a DFlash2 draft is launched with --speculative-algorithm DFLASH, not DSPARK, and without an STS file.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
@@ -62,8 +68,11 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
         findings.append(engine_finding("DSP703", f"the draft predicts {config.draft_vocab_size} of "
                                                  f"{config.vocab_size} ids; SGLang uses the target's lm_head and "
                                                  "a full-vocabulary markov_w2."))
-    if not config.has_markov:
+    if not config.has_markov and config.family != "dflash2":
         findings.append(engine_finding("DSP704", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    if config.family == "dflash2":
+        notes.append("DFlash2: SGLang serves it with its DFLASH algorithm (a block of the anchor and N masks) and "
+                     "needs the target's lm_head dense or of a quantization its selector supports.")
     if "DSP104" not in report.codes or "DSP105" not in report.codes:
         notes.append("SGLang drops the draft's own embed_tokens / lm_head and uses the target's.")
     if config.enable_confidence_head:
@@ -81,10 +90,13 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
     pair = checked_pair(request, ENGINE)
     block = resolve_block_size(pair.config, request.block_size)
-    flags = {"speculative_algorithm": "DSPARK", "speculative_draft_model_path": pair.draft,
-             "speculative_dspark_block_size": block}
-    if request.calibration is not None:
-        flags["speculative_dspark_confidence_sts_path"] = request.calibration
+    if pair.config.family == "dflash2":
+        flags = dflash_flags(pair.draft, block, request)
+    else:
+        flags = {"speculative_algorithm": "DSPARK", "speculative_draft_model_path": pair.draft,
+                 "speculative_dspark_block_size": block}
+        if request.calibration is not None:
+            flags["speculative_dspark_confidence_sts_path"] = request.calibration
     argv = [sys.executable, "-m", MODULE, "--model-path", pair.target]
     for key, value in flags.items():
         argv += ["--" + key.replace("_", "-"), str(value)]
@@ -94,6 +106,15 @@ def plan_serve(request: ServeRequest) -> ServePlan:
                      argv=argv + list(request.engine_args), report=pair.report,
                      trained_block_size=trained_block_size(pair.config), draft_quantization="unquantized",
                      notes=pair.verdict.notes, engine=ENGINE.name)
+
+
+def dflash_flags(draft: str, block: int, request: ServeRequest) -> dict:
+    """SGLang's flags for a DFlash2 draft: the DFLASH algorithm, whose block is the anchor and `block` masks."""
+    if request.calibration is not None:
+        raise DsparkError("SGLang's DFLASH algorithm, which serves DFlash2 drafts, reads no STS calibration file; "
+                          "drop the calibration.")
+    return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": draft,
+            "speculative_num_draft_tokens": block + 1}
 
 
 def sglang_installed() -> bool:

@@ -16,6 +16,9 @@ Read from NVIDIA/TensorRT-LLM (docs/engine-trtllm.md):
   `confidence_sts_path` @ c319397c and 31366260 only together with `enable_confidence_scheduling` and a profiled
   SPS table (`confidence_sps_table_path`, plus a live fingerprint @ c319397c), which its validators require.
 - tensorrt_llm/commands/serve.py @ 00209af1: `--config` / `--extra_llm_api_options` take the YAML.
+- tensorrt_llm/_torch/models/modeling_dflash.py @ 009d8fa4: DFlashForCausalLM's block decode runs each draft
+  layer as attention, o_proj, post-attention norm and MLP, with no grouped convolution, and the file has no
+  candidate selector, so a DFlash2 draft would be drafted as another model -> DSP741.
 Not verified: that a standalone drafter builds gated / rnn heads (the config accepts them); NVFP4 markov_w2; how
 speculators configs are mapped; Gemma-4 drafts. Each is a note in the verdict, not a silent "serves".
 """
@@ -52,7 +55,10 @@ OWN_CODES: frozenset[str] = frozenset()  # llm_args.py accepts every head type v
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
     """TensorRT-LLM's own refusal (DSP711) and what it drops or may not serve (unverified ones say so)."""
     findings, notes = [], []
-    if not config.has_markov:
+    if config.family == "dflash2":
+        findings.append(engine_finding("DSP741", "this is a DFlash2 draft (grouped convolutions and a path "
+                                                 "selector)."))
+    elif not config.has_markov:
         findings.append(engine_finding("DSP711", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
     if config.has_markov and config.markov_head_type != "vanilla":
         notes.append(f"{config.markov_head_type} Markov head: TensorRT-LLM's DSparkDecodingConfig accepts it "

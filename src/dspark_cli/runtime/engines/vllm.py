@@ -134,11 +134,20 @@ def speculative_config(config: DraftConfig, model: str, request: ServeRequest) -
             raise DsparkError("a confidence threshold needs a DSpark draft with a confidence head, and this draft "
                               "has none; plan without thresholds.")
         spec["dspark_confidence_threshold"] = request.confidence_threshold
-    notes = []
+    notes = dflash2_notes() if config.family == "dflash2" else []
     if config.reduced_vocab:
         notes.append(f"reduced draft vocabulary ({config.draft_vocab_size} of {config.vocab_size} ids): vLLM maps "
                      "draft ids to target ids with the checkpoint's d2t tensor; nothing to set here.")
     return spec, notes
+
+
+def dflash2_notes() -> list[str]:
+    """What vLLM needs to run a DFlash2 draft's selector (docs/serve.md): its dflash method dispatches a
+    DFlash2DraftModel to DFlash2Speculator, which lives in the V2 GPU model runner
+    (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py), and qwen3_dflash2.py's compute_candidates raises for a
+    quantized target lm_head."""
+    return ["DFlash2: vLLM runs the path selector in its V2 GPU model runner (set VLLM_USE_V2_MODEL_RUNNER=1 where "
+            "your release does not default to it) and needs the target's lm_head unquantized."]
 
 
 def vllm_argv(target: str, spec: dict[str, Any], port: int | None, extra: tuple[str, ...] | list[str]) -> list[str]:

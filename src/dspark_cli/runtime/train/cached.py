@@ -44,9 +44,10 @@ def check_features(cache: FeatureCache, draft_config: dict, target, tokenizer, c
                               f"features were written for another target ({spec.target}); give that target, or "
                               "write features of this one with `dspark features`.")
     if spec.tokenizer_hash != tokenizer_hash(tokenizer):
-        raise DsparkError(f"{where}: spec key 'tokenizer_hash' differs from this target's tokenizer: the features "
-                          f"were tokenized for another target ({spec.target}); give that target, or write features "
-                          "with this one.")
+        raise DsparkError(f"{where}: spec key 'tokenizer_hash' differs from this target's tokenizer (its vocabulary, "
+                          "merges, normalizer, pre-tokenizer, post-processor, added tokens or special ids): the "
+                          f"features were tokenized for another target ({spec.target}); give that target, or write "
+                          "features with this one.")
     template = read_chat_template(chat_template) if chat_template is not None else getattr(tokenizer, "chat_template",
                                                                                             None)
     if spec.template_hash is not None and spec.template_hash != template_hash(template):

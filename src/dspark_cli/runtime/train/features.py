@@ -40,6 +40,7 @@ from dspark_cli.errors import DsparkError
 CONTRACT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RECORD_KEYS = ("tokens", "loss_mask", "layers", "last_hidden")  # the tensor names of one record
+TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "added_tokens")  # what sets the ids
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,17 @@ class FeatureSpec:
 
 
 def tokenizer_hash(tokenizer) -> str:
-    """sha256 of what decides a tokenizer's ids: its vocabulary (added tokens included) and special ids."""
+    """sha256 of what decides a tokenizer's ids: its whole definition (a fast tokenizer's tokenizer.json: the
+    normalizer, pre-tokenizer, model with its vocabulary and merges, post-processor and added tokens; not the
+    truncation and padding a call leaves set) and its special ids. A tokenizer without that definition hashes its
+    vocabulary and special ids."""
     special = {name: getattr(tokenizer, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    doc = {"vocab": sorted(tokenizer.get_vocab().items()), "special": special}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = json.loads(backend.to_str())
+        doc = {"definition": {part: definition.get(part) for part in TOKENIZER_PARTS}, "special": special}
+    else:
+        doc = {"vocab": sorted(tokenizer.get_vocab().items()), "special": special}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

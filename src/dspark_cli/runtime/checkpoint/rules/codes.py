@@ -121,6 +121,8 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
                "serve a DFlash draft with vLLM (method dflash)"),
     "DSP711": ("TensorRT-LLM", "draft without a Markov head (dspark hands TensorRT-LLM DSpark drafts only)",
                "serve a DFlash draft with vLLM (method dflash)"),
+    "DSP741": ("TensorRT-LLM", "DFlash2 draft (TensorRT-LLM's DFlash drafter has no grouped convolution or path "
+               "selector)", "serve it with vLLM (method dflash), SGLang (DFLASH) or llama.cpp (draft-dflash)"),
     "DSP721": ("llama.cpp", "draft backbone other than Qwen3 (llama.cpp's dflash model and its converter are "
                "Qwen3's)", "serve it with vLLM"),
     "DSP722": ("llama.cpp", "quantized Markov head (llama.cpp's dflash model reads no NVFP4 block scales)",
