@@ -9,7 +9,7 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4), and DFlash2 drafts handed to the engines (Y1-).
+model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), and quantized GGUFs with the acceptance guard (Q1-).
 """
 
 from __future__ import annotations
@@ -319,6 +319,31 @@ MUTATIONS = [
         "    data = _array(ckpt, info)\n    data = np.ascontiguousarray(data.T) if name.startswith('selector_') else data\n"
         "    if len(info.shape) == 1 or dflash2_gguf.kept_f32(name):")],
       "test_convert_dflash2_gguf.py::test_selector_and_conv_tensors_are_the_checkpoints_untransposed"),
+    # quantized GGUFs and the acceptance guard (Q1-): convert --outtype
+    m("Q1", "Q8_0 blocks of 16 values, not 32", "convert/gguf_quant.py",
+      [("reshape(-1, QK)  # [B, 32]\n    d = np.abs(blocks).max(axis=1) / np.float32(127)",
+        "reshape(-1, QK // 2)  # [B, 32]\n    d = np.abs(blocks).max(axis=1) / np.float32(127)")],
+      "test_gguf_quant.py::test_blocks_equal_the_gguf_reference_quantizer"),
+    m("Q2", "the guard measures the quantized draft as its own reference", "bench/quant_guard.py",
+      [('reference = measure_pair(settings, unquantized, "unquantized")',
+        'reference = measure_pair(settings, quantized, "unquantized")')],
+      "test_quant_guard.py::test_the_guard_measures_the_unquantized_draft_as_its_reference"),
+    m("Q3", "output.weight (the lm_head) quantized when the user kept it", "convert/gguf_quant.py",
+      [('if keep_output and name == "output.weight":', 'if keep_output and name == "lm_head.weight":')],
+      "test_gguf_quant.py::test_leave_output_keeps_the_lm_head"),
+    m("Q4", "Q8_0 rounds halves to even (numpy's round), not away from zero (C's roundf)", "convert/gguf_quant.py",
+      [("quants = (whole + np.sign(scaled) * (np.abs(scaled - whole) >= 0.5)).astype(np.int8)",
+        "quants = np.round(scaled).astype(np.int8)")],
+      "test_gguf_quant.py::test_blocks_equal_the_gguf_reference_quantizer"),
+    m("Q5", "Q4_0's scale from the last of equal magnitudes, not the first", "convert/gguf_quant.py",
+      [("first_largest = np.abs(blocks).argmax(axis=1)", "first_largest = QK - 1 - np.abs(blocks[:, ::-1]).argmax(axis=1)")],
+      "test_gguf_quant.py::test_blocks_equal_the_gguf_reference_quantizer"),
+    m("Q6", "a one-row tensor (conf_proj.weight, [hidden + rank, 1]) quantized", "convert/gguf_quant.py",
+      [("if all(size == 1 for size in ggml_shape[1:]):", "if len(ggml_shape) < 2:")],
+      "test_gguf_quant.py::test_which_tensors_are_quantized"),
+    m("Q7", "the guard passes a drop above the threshold", "bench/quant_guard.py",
+      [("drop.estimate <= settings.max_tau_drop", "drop.estimate <= settings.max_tau_drop + 1")],
+      "test_quant_guard.py::test_a_drop_beyond_the_threshold_is_refused_with_both_figures"),
 ]
 
 
