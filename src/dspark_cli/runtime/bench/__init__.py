@@ -9,6 +9,8 @@
                the table `dspark plan` reads), and for B requests x t tokens (`batch_verify_costs`, `--batch`)
 - serve.py     `dspark bench serve`: a client for a running OpenAI-compatible engine (streamed requests in threads,
                bounded; throughput, TTFT, ITL, per-request tokens/s; `run_serve_bench`)
+- quant_guard.py  convert's acceptance guard: an unquantized and a quantized GGUF draft served by llama-server beside
+               one target, τ on held-out prompts with intervals, the quantized one refused past a threshold
 - engine_metrics.py  what engines report about speculation: vLLM / llama.cpp Prometheus counters, SGLang's gauges
                and server info, llama.cpp's per-response timings (torch-free parsers)
 """
