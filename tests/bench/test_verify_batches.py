@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from ckpt_factory import DraftSpec, tiny_target
 
 from dspark_cli.errors import DsparkError
@@ -105,3 +106,47 @@ def test_plain_plan_needs_a_batch_one_row(tmp_path):
     path = tmp_path / "grid.json"
     with pytest.raises(DsparkError, match="no batch-1 row"):
         batch_one_ms(grid_doc(batches=[2, 4]), path)
+
+
+def test_the_largest_batch_is_checked_against_free_memory_before_the_target_loads(tmp_path, monkeypatch):
+    """bench verify --batch shares bench markov's memory check (devices.check_fits): the estimate's parts for the
+    largest batch, exactly; one byte short of them is refused before TargetModel.load, exactly enough goes on."""
+    from dspark_cli.runtime.bench import verify
+    from dspark_cli.runtime.checkpoint.read import open_checkpoint
+
+    path = tiny_target(tmp_path / "t", SPEC)
+    c = json.loads((path / "config.json").read_text())
+    parts = verify.batch_memory_needed(c, open_checkpoint(str(path)).tensors.values(), torch.float32, 512, 8, 1000)
+    kv_per_position = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 4
+    assert parts["KV cache for 1000 x 520 positions"] == 1000 * 520 * kv_per_position
+    assert parts["prefill activations"] == 3 * 1000 * 512 * c["intermediate_size"] * 4
+    assert parts["logits"] == 4 * 1000 * 8 * c["vocab_size"]
+    assert parts["weights"] == 4 * sum(t.numel for t in open_checkpoint(str(path)).tensors.values())
+
+    class Loaded(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(TargetModel, "load", load)
+    total = sum(parts.values())
+    monkeypatch.setattr(verify, "available_memory", lambda device: total - 1)
+    with pytest.raises(DsparkError, match=r"bench verify at batch 1000 needs about .* KV cache for 1000 x 520"):
+        verify.batch_verify_costs(str(path), None, torch.device("cpu"), torch.float32, 512, 8, (1, 1000), 1, 0)
+    monkeypatch.setattr(verify, "available_memory", lambda device: total)
+    with pytest.raises(Loaded):
+        verify.batch_verify_costs(str(path), None, torch.device("cpu"), torch.float32, 512, 8, (1, 1000), 1, 0)
+
+
+def test_cli_refuses_a_batch_that_cannot_fit_in_one_sentence(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_cli.cli import app
+
+    path = tiny_target(tmp_path / "t", SPEC)
+    result = CliRunner().invoke(app, ["bench", "verify", "--target", str(path), "--batch", "1,1000000", "--device",
+                                      "cpu", "--json", str(tmp_path / "costs.json")])
+    assert result.exit_code == 2, result.output
+    assert "bench verify at batch 1000000 needs about" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "costs.json").exists()

@@ -7,6 +7,9 @@ import os
 
 import torch
 
+from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.units import format_bytes
+
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -53,3 +56,15 @@ def available_memory(device: torch.device | str) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def check_fits(parts: dict[str, int], free: int | None, device, what: str, advice: str) -> None:
+    """Refuse, before anything is allocated, work whose tensors cannot fit in `free` bytes (available_memory of
+    `device`; None: unknown, not refused): one sentence naming the estimate, each part, the free memory and `advice`
+    (what to make smaller). parts: what -> bytes, e.g. {"KV cache for 8 x 520 positions": 4_259_840}."""
+    total = sum(parts.values())
+    if free is None or total <= free:
+        return
+    detail = ", ".join(f"{format_bytes(size)} of {name}" for name, size in parts.items())
+    raise DsparkError(f"{what} needs about {format_bytes(total)} of memory ({detail}) but {device} has "
+                      f"{format_bytes(free)} free; {advice}.")

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.runtime.devices import available_memory
+from dspark_cli.runtime.devices import available_memory, check_fits
 from dspark_cli.runtime.decode.markov import MarkovWeights, select_candidates
 from dspark_cli.runtime.decode.sampling import gumbel_noise
-from dspark_cli.runtime.units import format_bytes
 
 FORMATS = ("bf16", "nvfp4")
 # Bytes per [B, N, Vd] logit entry a batch holds at once, rounded up: random logits, base row and Gumbel noise
@@ -237,13 +236,10 @@ def memory_needed(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) 
 def _check_memory(config: BenchConfig, vocab: int, draft_vocab: int, rank: int) -> None:
     """Refuse, before anything is allocated, shapes whose tensors cannot fit in the device's free memory."""
     weights, inputs = memory_needed(config, vocab, draft_vocab, rank)
-    free = available_memory(config.device)
-    if free is not None and weights + inputs > free:
-        raise DsparkError(f"this benchmark needs about {format_bytes(weights + inputs)} of memory "
-                          f"({format_bytes(weights)} of Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}, "
-                          f"and {format_bytes(inputs)} of logit rows for batch {max(config.batches)} x block "
-                          f"{config.block}) but {config.device} has {format_bytes(free)} free; use a smaller "
-                          "vocabulary, rank, batch or block.")
+    parts = {f"Markov weights for V={vocab}, Vd={draft_vocab}, r={rank}": weights,
+             f"logit rows for batch {max(config.batches)} x block {config.block}": inputs}
+    check_fits(parts, available_memory(config.device), config.device, "this benchmark",
+               "use a smaller vocabulary, rank, batch or block")
 
 
 # --- inputs -------------------------------------------------------------------------------------------------

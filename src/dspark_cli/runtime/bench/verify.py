@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark_cli.runtime.bench.timer import Timing, time_interleaved
+from dspark_cli.runtime.devices import available_memory, check_fits
 
 COSTS_FORMAT = "dspark-verify-costs/1"
 GRID_FORMAT = "dspark-verify-costs/2"
@@ -114,16 +115,39 @@ def batch_verify_costs(target: str, draft: str | None, device: torch.device, dty
     """Load the target as verify_costs does and time B x t passes (`time_verify_batches`)."""
     from dspark_cli.runtime.checkpoint.config import DraftConfig
     from dspark_cli.runtime.checkpoint.read import open_checkpoint, read_target_config
+    from dspark_cli.runtime.checkpoint.target_config import TargetConfig
     from dspark_cli.runtime.checkpoint.target_files import check_target_files
     from dspark_cli.runtime.model.target import TargetModel
 
-    read_target_config(target)
+    config = read_target_config(target)
     check_target_files(target)
+    parts = batch_memory_needed(TargetConfig.from_dict(config).text, open_checkpoint(target).tensors.values(), dtype,
+                                context, max_tokens, max(batches))
+    check_fits(parts, available_memory(device), device, f"bench verify at batch {max(batches)}",
+               "use smaller batch sizes, a shorter context or fewer tokens")
     indices = [1]
     if draft is not None:
         indices = DraftConfig.from_dict(open_checkpoint(draft).config).hidden_state_indices or indices
     model = TargetModel.load(target, indices, dtype=dtype, device=device)
     return time_verify_batches(model, target, context, max_tokens, batches, reps, warmup)
+
+
+def batch_memory_needed(text: dict, tensors, dtype: torch.dtype, context: int, max_tokens: int,
+                        batch: int) -> dict[str, int]:
+    """Rough peak bytes of the largest batch, a lower bound: the weights in `dtype` (tensors: the checkpoint's
+    TensorInfo), the KV cache of batch x (context + max_tokens) positions, the prefill's MLP activations (gate, up and
+    their product over batch x context positions) and the pass's float32 logits (batch x max_tokens x vocab). text:
+    the target's text config."""
+    size = torch.empty((), dtype=dtype).element_size()
+    heads, hidden = text.get("num_attention_heads") or 1, text.get("hidden_size") or 0
+    head_dim = text.get("head_dim") or hidden // heads
+    kv_width = 2 * (text.get("num_key_value_heads") or heads) * head_dim  # K and V per layer and position
+    positions = batch * (context + max_tokens)
+    return {"weights": sum(t.numel for t in tensors) * size,
+            f"KV cache for {batch} x {context + max_tokens} positions":
+                positions * (text.get("num_hidden_layers") or 0) * kv_width * size,
+            "prefill activations": 3 * batch * context * (text.get("intermediate_size") or hidden) * size,
+            "logits": 4 * batch * max_tokens * (text.get("vocab_size") or 0)}
 
 
 def time_verify_batches(target, source: str, context: int, max_tokens: int, batches: tuple[int, ...], reps: int,
