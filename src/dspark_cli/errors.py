@@ -3,6 +3,7 @@
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # validate found errors (or warnings with --strict)
 EXIT_BAD_INPUT = 2  # an input could not be read or is unusable
+EXIT_INCONCLUSIVE = 3  # bench audit found no difference, but the engine drafted or accepted nothing to test
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), e.g. `kill`, a job scheduler or a container stop
 

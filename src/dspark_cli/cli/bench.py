@@ -26,6 +26,9 @@ TABLE_WIDTH = 170  # columns of the output when it goes to a file or pipe (a ter
 
 
 def register(app: typer.Typer) -> None:
+    from dspark_cli.cli import bench_audit
+
+    bench_audit.register(bench_app)
     app.add_typer(bench_app, name="bench")
 
 

@@ -1,4 +1,5 @@
-"""`dspark serve`: check a target + draft pair, then hand it to `vllm serve` with the right speculative config."""
+"""`dspark serve`: check a target + draft pair, then hand it to the chosen engine (vLLM, SGLang, TensorRT-LLM or
+llama.cpp) with the right speculative settings."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ if TYPE_CHECKING:
     from dspark_cli.runtime.checkpoint.rules import Finding, Report
     from dspark_cli.runtime.engines.seam import ServePlan
 
-HELP = """Serve a DSpark (or DFlash) draft with its target in vLLM. Runs validate's header-only checks on the pair
-(no weights are loaded) and refuses a draft vLLM cannot load; then prints the `vllm serve` command with the
-speculative config vLLM's dspark method reads, and runs it in place of this process when vLLM is installed.
-Arguments after `--` go to `vllm serve` unchanged. Exit codes: 1 the draft is refused (validate found errors),
-2 bad input or vLLM is not installed; otherwise vLLM's own exit code. Details: docs/serve.md."""
+HELP = """Serve a DSpark (or DFlash) draft with its target in one of four engines: vLLM (the default), SGLang,
+TensorRT-LLM or llama.cpp (--engine; docs/engines.md). Runs validate's header-only checks on the pair (no weights
+are loaded) and refuses a draft the engine cannot load; then prints the engine's command with the speculative
+settings it reads (TensorRT-LLM's in a config file, dspark-trtllm.yaml), and runs it in place of this process
+when the engine is installed. Arguments after `--` go to the engine's command unchanged. Exit codes: 1 the draft
+is refused (validate found errors), 2 bad input or the engine is not installed; otherwise the engine's own exit
+code. Details: docs/serve.md."""
 
 
 def register(app: typer.Typer) -> None:
@@ -31,14 +34,15 @@ def register(app: typer.Typer) -> None:
 def serve(
     target: options.target("Target model: folder or hub id (only its config.json is read here).") = ...,
     draft: options.draft("Draft checkpoint: folder or hub id.") = ...,
-    block_size: options.block_size("Draft tokens per round, vLLM's num_speculative_tokens (default and maximum: what "
-                                   "the draft was trained for).") = None,
+    block_size: options.block_size("Draft tokens per round, the engine's draft length (vLLM's "
+                                   "num_speculative_tokens; default and maximum: what the draft was trained "
+                                   "for).") = None,
     draft_topk: options.draft_topk("Markov candidates per position (dspark_draft_topk; default: the draft config's, "
                                    "else dense).") = None,
     draft_sample_method: str = typer.Option("probabilistic", "--draft-sample-method", help="probabilistic "
                                             "(sample drafts from q, as dspark generate does) or greedy (argmax "
                                             "drafts, less GPU memory); both are lossless."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port of vLLM's OpenAI-compatible server."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the engine's OpenAI-compatible server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
     json_path: options.json_path("the speculative config and argv (implies --dry-run)") = None,
     from_plan: Optional[Path] = typer.Option(None, "--from-plan", metavar="PLAN.json", help="Take "
@@ -50,7 +54,7 @@ def serve(
                                      "(their confidence head's calibration).") = None,
     force: options.force("Replace an existing engine config file beside the --json file (TensorRT-LLM's "
                          "dspark-trtllm.yaml).") = False,
-    vllm_args: Optional[list[str]] = typer.Argument(None, metavar="VLLM_ARGS",
+    vllm_args: Optional[list[str]] = typer.Argument(None, metavar="ENGINE_ARGS",
                                                     help="Extra arguments for the engine's command, after `--`."),
 ) -> None:
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
