@@ -166,8 +166,19 @@ class TargetModel:
     def prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Start a new sequence. [T] int64 -> (logits of the last position [V], features [T, n*Ht])."""
         self.cache = self._new_cache()
-        logits = self._forward(prompt_ids, capture=True, logits_to_keep=1)
+        logits = self._forward(prompt_ids, capture=True, logits_to_keep=self._last_position(len(prompt_ids)))
         return logits[-1], self._take_features()
+
+    def _last_position(self, length: int) -> int | torch.Tensor:
+        """logits_to_keep for the last position's logits alone: 1, or the position as a tensor on a target whose
+        KV-sharing layers (Gemma-4 E2B / E4B: num_kv_shared_layers) include a captured one, since transformers runs
+        those layers on the kept positions only when logits_to_keep is an int (Gemma4TextModel
+        _maybe_slice_kv_shared_inputs), which would leave their hidden states one position long."""
+        shared = getattr(self.config.get_text_config(), "num_kv_shared_layers", 0) or 0
+        first_shared = self.num_layers - shared  # index of the first layer that reuses another layer's K/V
+        if shared and any(index - 1 >= first_shared for index in self.capture_indices):
+            return torch.tensor([length - 1], device=self.device)
+        return 1
 
     @torch.inference_mode()
     def score(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,6 +201,17 @@ def heads(ctx):
 
 # Targets a Gemma-4 draft is built for (DeepSpec's Gemma4DSparkTrainer): outer and text model_types.
 TARGET_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+# What a Gemma-4 target may enable that no draft has (DeepSpec's Gemma4DSparkModel refuses MoE blocks and per-layer
+# inputs; vLLM's Gemma4MTPDecoderLayer is attention + a plain MLP of intermediate_size). The switches are written
+# off explicitly, since a missing key takes transformers' Gemma4TextConfig default (hidden_size_per_layer_input 256,
+# the E2B / E4B kind); the sizes that only matter when a switch is on are left out.
+TARGET_ONLY_OFF = {
+    "hidden_size_per_layer_input": 0,  # per-layer input embeddings (E2B / E4B)
+    "enable_moe_block": False,  # MoE blocks (the 26B-A4B kind)
+    "num_kv_shared_layers": 0,  # the last layers reuse earlier layers' K/V: the target's cache layout
+    "use_double_wide_mlp": False,  # wider MLPs of the KV-sharing layers
+}
+TARGET_ONLY_SIZES = ("vocab_size_per_layer_input", "num_experts", "top_k_experts", "moe_intermediate_size")
 
 
 def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, anchors: int) -> dict[str, Any]:
@@ -209,6 +220,9 @@ def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, an
     MaskChoice). The full-attention geometry is written as global_head_dim / num_global_key_value_heads (not the
     target's per_layer_config, whose indices are the target's layers), so that any transformers version rebuilds it
     for the draft's layers.
+
+    The target-only settings (`TARGET_ONLY_OFF`: per-layer inputs, MoE blocks, KV sharing) are written off, so that a
+    draft for any Gemma-4 variant passes validate's DSP045 and runs in dspark and vLLM.
 
     One departure from DeepSpec: the draft always has attention_k_eq_v (values = the keys' projection), whatever
     the target has. The draft's attention is its own network, and vLLM's Gemma-4 DSpark model serves only that
@@ -220,7 +234,8 @@ def draft_config(target: TargetConfig, shape, target_layers: list[int], mask, an
     head_dim, kv_heads = full_attention_geometry(target.text)
     config = {k: v for k, v in target.text.items()
               if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "auto_map",
-                           "per_layer_config")}
+                           "per_layer_config", *TARGET_ONLY_SIZES)}
+    config.update(TARGET_ONLY_OFF)
     config.update(
         architectures=[ARCHITECTURE],
         target_model_type=target.outer_model_type,
