@@ -86,7 +86,7 @@ def test_a_registered_family_is_the_default_for_its_targets(toy):
 
 
 def test_a_registered_family_is_a_draft_arch_choice_and_refuses_other_targets(toy):
-    with pytest.raises(DsparkError, match="choose auto, qwen3, gemma4, toy"):
+    with pytest.raises(DsparkError, match="choose auto, qwen3, gemma4, dflash2, toy"):
         draft_family(TargetConfig.from_dict(QWEN_TARGET), "llama")
     with pytest.raises(DsparkError, match=r"the draft-arch option toy needs a Toy target \(model_type toy\); this target's "
                                           "model_type is 'qwen3'"):

@@ -205,6 +205,6 @@ def resolve_settings(config, head: MarkovHead, on_cuda: bool, requested: Request
     block_size = resolve_block_size(config, requested.block_size)
     draft_topk = resolve_draft_topk(config, requested.draft_topk)
     markov = resolve_markov(requested.markov, head, draft_topk, sampling, on_cuda)
-    verify = resolve_verify(requested, bool(config.enable_confidence_head), block_size, temperatures)
+    verify = resolve_verify(requested, config.has_confidence, block_size, temperatures)
     return DecodeSettings(block_size, trained_block_size(config), draft_topk, markov, sampling, verify,
                           requested.length_rule, requested)

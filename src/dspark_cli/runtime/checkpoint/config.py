@@ -75,6 +75,12 @@ class DraftConfig:
     final_logit_softcapping: float | None = None  # base logits = tanh(l / cap) * cap
     rope_partial_factor: float = 1.0  # proportional RoPE: the first factor * head_dim/2 frequencies rotate
     hidden_act: str = "silu"
+    # DFlash2 (checkpoint/families/dflash2.py, docs/formats-other.md §7): None for every other family
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+    embedding_scale: float | None = None  # token embeddings times this (DFlash2's input_embedding_scale)
 
     @property
     def mask_token_id(self) -> int | None:
@@ -93,6 +99,16 @@ class DraftConfig:
     @property
     def has_markov(self) -> bool:
         return bool(self.markov_rank)
+
+    @property
+    def has_selector(self) -> bool:
+        """A DFlash2 path selector: its top-1 score is the draft's confidence."""
+        return self.family == "dflash2"
+
+    @property
+    def has_confidence(self) -> bool:
+        """The draft gives a confidence per position (a confidence head, or a DFlash2 selector)."""
+        return bool(self.enable_confidence_head) or self.has_selector
 
     @property
     def reduced_vocab(self) -> bool:
@@ -174,6 +190,14 @@ class DraftConfig:
                               "target's hidden states.")
         if self.markov_rank is None or self.markov_rank < 0:
             raise DsparkError(f"{source}: config.json key 'markov_rank' must be a non-negative integer.")
+        if self.has_selector and None in (self.conv_kernel_size, self.conv_group_size, self.selector_rank,
+                                          self.selector_top_k):
+            raise DsparkError(f"{source}: a DFlash2 draft needs conv_kernel_size, conv_group_size, selector_rank and "
+                              f"selector_top_k as positive integers under dflash_config; run `dspark validate "
+                              f"{source}` for details.")
+        if self.has_selector and self.reduced_vocab:
+            raise DsparkError(f"{source}: a DFlash2 draft's selector indexes its codebooks by target ids; a reduced "
+                              "draft vocabulary (draft_vocab_size) is not supported (validate: DSP065).")
         if self.has_markov and self.markov_head_type not in HEAD_TYPES:
             raise DsparkError(f"{source}: markov_head_type {self.markov_head_type!r} is not a Markov head type "
                               f"dspark knows ({', '.join(HEAD_TYPES)}).")
@@ -212,6 +236,8 @@ def detect_format(raw: dict[str, Any]) -> str:
         return "deepseek-v4"
     if "DSparkDraftModel" in archs:
         return "specforge"
+    if "DFlash2DraftModel" in archs:
+        return "dflash2"
     if any(a in DFLASH_ARCHITECTURES or "DFlash" in a for a in archs):
         return "dflash"
     if any(a in OTHER_DSPARK_FAMILIES for a in archs):
@@ -301,7 +327,7 @@ def _architecture(raw: dict[str, Any]) -> str | None:
 
 
 def _kind(fmt: str) -> str:
-    if fmt in ("dflash", "speculators-dflash"):
+    if fmt in ("dflash", "dflash2", "speculators-dflash"):
         return "dflash"
     if fmt in ("deepspec", "deepspec-gemma4", "specforge", "speculators-dspark", "other-dspark"):
         return "dspark"

@@ -8,7 +8,9 @@ FORMAT_NAMES = {
     "speculators-dspark": "speculators DSpark (speculators_model_type 'dspark')",
     "speculators-dflash": "speculators DFlash (speculators_model_type 'dflash')",
     "dflash": "z-lab DFlash (no Markov head)",
+    "dflash2": "DFlash2 (DFlash2DraftModel: grouped dynamic convolution, path selector)",
     "other-dspark": "DSpark of another model family",
     "deepseek-v4": "DeepSeek-V4 DSpark drafter",
+    "gguf-dflash": "llama.cpp dflash GGUF",
     "unknown": "not a DSpark or DFlash draft",
 }

@@ -93,6 +93,8 @@ def expected_draft_tensors(config: "DraftConfig") -> dict[str, ExpectedTensor]:
             add(f"layers.{i}.{name}", shape, formula)
         for name, shape, formula in family.optional_layer_tensors:
             add(f"layers.{i}.{name}", shape, formula, required=False)
+    for name, shape, formula in family.model_tensors(config):
+        add(name, shape, formula)
     add("norm.weight", (H,), "[hidden_size]")
     add("hidden_norm.weight", (H,), "[hidden_size]")
     if config.use_aux_hidden_state:

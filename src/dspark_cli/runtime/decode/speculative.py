@@ -38,6 +38,7 @@ import torch
 from dspark_cli.runtime.decode import sampling
 from dspark_cli.runtime.model.draft import DraftContext
 from dspark_cli.runtime.decode.markov import MarkovWeights, markov_walk
+from dspark_cli.runtime.decode.selector import selector_walk
 from dspark_cli.runtime.rounds import GenerationStats, RoundRecord, scored_length
 from dspark_cli.runtime.settings import DecodeSettings, SamplingParams
 from dspark_cli.runtime.decode.timing import SectionTimer
@@ -131,9 +132,12 @@ def markov_stage(
     drafter: Drafter, hidden: torch.Tensor, base: torch.Tensor, anchor: int, generator: torch.Generator | None,
     temperatures: torch.Tensor | None = None,
 ) -> Proposal:
-    """The sequential Markov walk over the base logits [N, Vd], the confidence head and q -> the proposal.
-    temperatures [N]: the confidence head's STS calibration, c_i = sigmoid(logit_i / T_i) (None: T_i = 1)."""
+    """The sequential Markov walk over the base logits [N, Vd], the confidence head and q -> the proposal; a
+    DFlash2 draft's selector walk instead (selector_stage). temperatures [N]: the confidence's STS calibration,
+    c_i = sigmoid(logit_i / T_i) (None: T_i = 1)."""
     draft, params = drafter.draft, drafter.params
+    if draft.candidate_selector is not None:
+        return selector_stage(drafter, hidden, base, anchor, generator, temperatures)
     noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, base.device)  # [1, N, Vd]
     first_prev = torch.tensor([anchor], device=base.device)  # [1]: the walk is batch-first, here one block
     walk = markov_walk(drafter.strategy, drafter.weights, base[None], first_prev, params, noise, drafter.draft_topk,
@@ -148,6 +152,24 @@ def markov_stage(
         confidences = torch.sigmoid(logits if temperatures is None else logits / temperatures)  # [N]
     draft_probs = None if params.greedy else _target_vocab_probs(drafter, walk.logits[0])
     return Proposal(tokens, draft_probs, confidences, logits)
+
+
+@torch.inference_mode()
+def selector_stage(
+    drafter: Drafter, hidden: torch.Tensor, base: torch.Tensor, anchor: int, generator: torch.Generator | None,
+    temperatures: torch.Tensor | None = None,
+) -> Proposal:
+    """DFlash2: candidates = the top-k of the base logits [N, V], the selector's edge scores from the hidden states
+    [N, H], the walk (decode/selector.py) -> the proposal; the confidence is the selector's top-1 share."""
+    selector, params = drafter.draft.candidate_selector, drafter.params
+    ids, unary = selector.candidates(base)  # [N, k], [N, k]
+    scores = selector(hidden, ids, unary, torch.tensor(anchor, device=base.device))  # [N, k, k]
+    noise = None if params.greedy else sampling.gumbel_noise((1, *base.shape), generator, base.device)  # [1, N, V]
+    walk = selector_walk(scores[None], ids[None], base.shape[-1], params, noise)
+    logits = walk.confidence_logits[0]  # [N]
+    confidences = torch.sigmoid(logits if temperatures is None else logits / temperatures)
+    draft_probs = None if params.greedy else sampling.target_probs(walk.rows[0], params)  # [N, V]
+    return Proposal(walk.tokens[0], draft_probs, confidences, logits)
 
 
 def draft_block(
@@ -277,8 +299,8 @@ def speculative_generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     verify, block_size, params = settings.verify, settings.block_size, settings.sampling
-    if verify.threshold is not None and draft.confidence_head is None:
-        raise ValueError("a confidence threshold needs a draft with a confidence head")
+    if verify.threshold is not None and not draft.config.has_confidence:
+        raise ValueError("a confidence threshold needs a draft with a confidence head or a DFlash2 selector")
     temperatures = None
     if verify.temperatures is not None:
         temperatures = torch.tensor(verify.temperatures, dtype=torch.float32, device=target.device)  # [N]

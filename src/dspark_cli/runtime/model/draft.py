@@ -20,6 +20,7 @@ from dspark_cli.runtime.checkpoint.families import FAMILIES
 from dspark_cli.runtime.model.families import BACKBONES
 from dspark_cli.runtime.model.heads import HEADS
 from dspark_cli.runtime.model.layers import rope_cos_sin
+from dspark_cli.runtime.model.selector import CandidateSelector
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
 
@@ -48,6 +49,8 @@ class DSparkDraft(nn.Module):
         self.lm_head = nn.Linear(H, Vd, bias=False)
         self.markov_head = HEADS[config.markov_head_type](V, Vd, r, H) if r else None
         self.confidence_head = ConfidenceHead(self.confidence_in_features) if config.enable_confidence_head else None
+        self.candidate_selector = (CandidateSelector(V, config.selector_rank, H, config.selector_top_k)
+                                   if config.has_selector else None)  # DFlash2's path selector
         self.register_buffer("d2t", None)
         self.w2_nvfp4 = None  # NVFP4Weight of markov_w2 when the checkpoint head is NVFP4 (packed rows for gathers)
         self.shares_embed = False  # embed_tokens / lm_head hold the target's weights (not saved)
@@ -93,12 +96,16 @@ class DSparkDraft(nn.Module):
         scale = self.family.embed_scale(self.config)
         return x if scale is None else x * torch.tensor(scale, dtype=x.dtype, device=x.device)
 
-    def block_hidden(self, input_ids, positions, context_kv: KVCache, attn_mask=None) -> torch.Tensor:
-        """Query block ids [B, Q] at positions [B, Q] -> final-norm hidden [B, Q, H]."""
+    def block_hidden(self, input_ids, positions, context_kv: KVCache, attn_mask=None,
+                     block_length: int | None = None) -> torch.Tensor:
+        """Query block ids [B, Q] at positions [B, Q] -> final-norm hidden [B, Q, H]. block_length: Q holds blocks
+        of this many slots one after another (training's anchors), for a family that convolves along the block
+        (DFlash2); None: Q is one block."""
         x = self.embed(input_ids)
         cos, sin = self.rope(positions, x.dtype)
+        blocks = {"block_length": block_length} if getattr(self.family, "BLOCK_CONVOLUTION", False) else {}
         for layer, context in zip(self.layers, context_kv):
-            x = layer(x, cos, sin, context, attn_mask)
+            x = layer(x, cos, sin, context, attn_mask, **blocks)
         return self.norm(x)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,10 @@ The objective follows DeepSpec (`deepspec/modeling/dspark/{common,loss}.py`), re
 - the Markov head is teacher-forced: slot j adds W2 u_j, u_j = W1[prev_j] (vanilla; gated and RNN heads make
   u_j from it and the slot's hidden state, the RNN head's state starting at zero per block) with prev_0 = the
   anchor, prev_j = the true token a+j;
+- a DFlash2 draft (DFlash layout: slot j predicts a+j) is teacher-forced the same way: its logits get the path
+  selector's pairwise term on the top-k candidates of its own logits, the predecessor being the true token at a+j-1
+  (`CandidateSelector.teacher_bias`), so CE and L1 train the distribution the walk samples from (on the candidates;
+  the loop's q is -inf elsewhere, where CE drives the draft's mass down, as the top-k Markov strategy does);
 - loss = ce_alpha * CE(draft, true token) + l1_alpha * L1(draft probs, target probs) + confidence_alpha *
   BCE(confidence logit, 1 - L1/2), where L1 = sum |p - q| = 2 TV and the target distribution is the target's
   own next-token softmax at a+j (T = 1), its logits recomputed from the target's post-norm last hidden state
@@ -49,15 +53,19 @@ class BlockBatch:
 
 
 def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int,
-                 loss_mask: torch.Tensor | None = None) -> BlockBatch:
+                 loss_mask: torch.Tensor | None = None, sample_from_anchor: bool = True) -> BlockBatch:
     """tokens [B, T], anchors [B, A] -> the draft's query blocks, labels and attention mask. loss_mask [B, T] bool
-    (None: every token): a slot whose label token is masked is not valid (no loss term reads it)."""
+    (None: every token): a slot whose label token is masked is not valid (no loss term reads it).
+    sample_from_anchor False is the DFlash layout (DFlash2's): slot j predicts the token at its own position a+j, the
+    anchor's slot predicts nothing, and slot j's predecessor is the token at a+j-1 (the anchor for slot 1)."""
     B, T = tokens.shape
     A, K = anchors.shape[1], block_size
     offsets = torch.arange(K, device=tokens.device)
     positions = anchors[..., None] + offsets  # [B, A, K]
-    label_index = positions + 1
+    label_index = positions + (1 if sample_from_anchor else 0)
     valid = label_index < T
+    if not sample_from_anchor:
+        valid &= offsets > 0
     if loss_mask is not None:
         valid &= loss_mask.gather(1, label_index.clamp(max=T - 1).flatten(1)).view(B, A, K)
     labels = tokens.gather(1, label_index.clamp(max=T - 1).flatten(1)).view(B, A, K) * valid
@@ -65,6 +73,8 @@ def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
     input_ids = torch.full((B, A, K), mask_token_id, dtype=tokens.dtype, device=tokens.device)
     input_ids[..., 0] = anchor_ids
     prev_ids = torch.cat([anchor_ids[..., None], labels[..., :-1]], dim=-1)
+    if not sample_from_anchor and K > 1:
+        prev_ids[..., 1] = anchor_ids  # slot 0 has no label: slot 1's predecessor is the anchor
     context_visible = torch.arange(T, device=tokens.device) < anchors.repeat_interleave(K, dim=1)[..., None]
     block_id = torch.arange(A * K, device=tokens.device) // K
     same_block = (block_id[:, None] == block_id[None, :]).expand(B, -1, -1)
@@ -74,7 +84,7 @@ def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
         labels=labels,
         prev_ids=prev_ids,
         valid=valid,
-        target_index=positions.clamp(max=T - 1),
+        target_index=(label_index - 1).clamp(0, T - 1),
         attn_mask=torch.cat([context_visible, same_block], dim=-1),
     )
 
@@ -157,7 +167,7 @@ def block_hidden(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch)
     context = draft.project_context(features)  # [B, T, H]
     context_positions = torch.arange(T, device=features.device).expand(B, T)
     kv = draft.context_kv(context, context_positions)
-    return draft.block_hidden(blocks.input_ids, blocks.positions, kv, blocks.attn_mask).view(B, A, K, -1)
+    return draft.block_hidden(blocks.input_ids, blocks.positions, kv, blocks.attn_mask, block_length=K).view(B, A, K, -1)
 
 
 def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch):
@@ -168,6 +178,8 @@ def draft_forward(draft: DSparkDraft, features: torch.Tensor, blocks: BlockBatch
     if draft.config.markov_rank:
         embed = draft.markov_embed(blocks.prev_ids)  # [B, A, K, r]
         logits = logits + draft.markov_bias(draft.markov_latents(embed, hidden))  # gated / RNN: from hidden too
+    if draft.candidate_selector is not None:  # DFlash2: the selector's pairwise term on the top-k candidates
+        logits = logits + draft.candidate_selector.teacher_bias(hidden, logits, blocks.prev_ids)
     confidence = draft.confidence_logit(hidden, embed) if draft.confidence_head is not None else None
     return logits, confidence
 

@@ -99,7 +99,8 @@ class DraftTrainer:
         bool: the tokens that may be labels; None: all). The target's logits are computed at the valid slots of the
         anchor blocks only, from last_hidden with the frozen lm_head."""
         blocks = build_blocks(tokens.cpu(), anchors.cpu(), self.draft.config.block_size.value,
-                              self.draft.config.mask_token_id, None if loss_mask is None else loss_mask.cpu())
+                              self.draft.config.mask_token_id, None if loss_mask is None else loss_mask.cpu(),
+                              self.draft.config.sample_from_anchor)
         blocks = BlockBatch(**{k: v.to(self.device) for k, v in vars(blocks).items()})
         with self._autocast():
             target_logits = self.head.at(features.last_hidden, blocks.target_index, blocks.valid)  # [B, A, K, V]

@@ -1,7 +1,8 @@
 """The registry of draft families: one torch-free module per family says what its config.json and tensors look like.
 
-A family module (qwen3.py, gemma4.py) defines one `Family`: the architectures that select it, how its config keys
-resolve onto DraftConfig's fields (`resolve`), the tensors of one decoder layer (`layer_tensors`), the Linear layers
+A family module (qwen3.py, gemma4.py, dflash2.py) defines one `Family`: the architectures that select it, how its config keys
+resolve onto DraftConfig's fields (`resolve`), the tensors of one decoder layer (`layer_tensors`) and
+those it has once per model (`model_tensors`), the Linear layers
 vLLM builds from them (`layer_linears`), whether vLLM shares embed_tokens / lm_head from the target, its own
 validate rules, and for `dspark train` the targets it is the default draft for and how a new draft's config.json is
 built from the target's (`draft_config`). The forward pass of the same family is `runtime/model/families/<name>.py`,
@@ -40,6 +41,8 @@ class Family:
     target_model_types: tuple[str, ...] = ()  # targets' (text) model_types it is the default draft family for
     needs_target: str | None = None  # for messages, the targets it drafts for alone (those of target_model_types);
     # None: it drafts for any target
+    model_tensors: Callable[[Any], list[LayerTensor]] = lambda config: []  # DraftConfig -> once-per-model tensors
+    # of the family beside the shared ones (DFlash2's selector)
 
     def drafts_for(self, target: TargetConfig) -> bool:
         """Whether a draft of this family can be built for `target`."""
@@ -47,9 +50,9 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from dspark_cli.runtime.checkpoint.families import gemma4, qwen3
+    from dspark_cli.runtime.checkpoint.families import dflash2, gemma4, qwen3
 
-    return {family.name: family for family in (qwen3.FAMILY, gemma4.FAMILY)}
+    return {family.name: family for family in (qwen3.FAMILY, gemma4.FAMILY, dflash2.FAMILY)}
 
 
 FAMILIES: dict[str, Family] = _registry()

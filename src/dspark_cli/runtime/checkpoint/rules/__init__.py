@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dspark_cli.runtime.checkpoint.families import dflash2
 from dspark_cli.runtime.checkpoint.read import Checkpoint
 from dspark_cli.runtime.checkpoint.rules import config_rules, files, quant, tensors, vocab
 from dspark_cli.runtime.checkpoint.rules.codes import (
@@ -50,7 +51,7 @@ DRAFT_RULES: tuple[Rule, ...] = (
     config_rules.aux_hidden_state, config_rules.target_agreement, config_rules.confidence_flags,
     config_rules.family_rules,
     vocab.vocabulary,
-    tensors.expected_tensors,
+    tensors.expected_tensors, dflash2.stray_selector_tensors,
     quant.quant_configs, quant.nvfp4_tensors, quant.nvfp4_claims, quant.marlin_head,
 )
 # Run on every checkpoint, last (it loads tensor data, and only with deep=True).

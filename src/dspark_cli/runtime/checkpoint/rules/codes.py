@@ -59,6 +59,13 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP045": (ERROR, "Gemma-4 feature DeepSpec and vLLM drafts do not have"),
     "DSP046": (WARNING, "vLLM soft-caps the Gemma-4 Markov bias, DeepSpec does not"),
     "DSP047": (ERROR, "Gemma-4 full-attention geometry not uniform or not stated"),
+    # DFlash2 drafts (checkpoint/families/dflash2.py: vLLM's qwen3_dflash2.py and llama.cpp's start-up refusals)
+    "DSP060": (ERROR, "DFlash2 key missing from dflash_config or not a positive integer"),
+    "DSP061": (ERROR, "DFlash2 hidden size not divisible by conv_group_size"),
+    "DSP062": (ERROR, "DFlash2 hidden size below selector_top_k*(selector_top_k+1) (llama.cpp)"),
+    "DSP063": (ERROR, "DFlash2 selector_top_k larger than the vocabulary"),
+    "DSP064": (WARNING, "DFlash2 key at the top level only"),
+    "DSP065": (ERROR, "DFlash2 draft with a Markov head, confidence head or reduced vocabulary"),
     # vLLM load errors
     "DSP100": (INFO, "without the target option: target vocabulary assumed equal to vocab_size"),
     "DSP101": (ERROR, "expanded input vocab without embed_tokens"),
@@ -78,6 +85,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP208": (INFO, "DFlash alias tensor names"),
     "DSP209": (ERROR, "tensor names carry a model. prefix"),
     "DSP210": (ERROR, "bias vLLM has no parameter for (a load error, or dropped)"),
+    "DSP211": (ERROR, "DFlash2 conv or selector tensors in a draft that is not DFlash2"),
     # NVFP4
     "DSP301": (ERROR, "NVFP4 packed weight has the wrong dtype or shape"),
     "DSP302": (ERROR, "NVFP4 weight_scale missing or wrong"),
