@@ -164,6 +164,24 @@ def refusal(ggufs, plain_options: dict | None = None, spec_options: dict | None 
     return message
 
 
+@pytest.mark.parametrize("answer, words", [("bare", "answered POST /completion without timings."),
+                                           ("list", "answered POST /completion with JSON that is not an object")])
+def test_an_answer_without_timings_is_one_sentence(ggufs, answer, words):
+    """A server that answers /completion in another shape stops the profile in one sentence naming it (was a
+    KeyError or AttributeError in a request thread, then a TypeError)."""
+    target, draft = ggufs
+    for role in ("plain", "spec"):
+        model = costs()
+        options = {"model_path": str(target), "answer": answer}
+        with pytest.MonkeyPatch.context() as monkeypatch, model.gangs(monkeypatch), \
+                FakeLlamaServer(model, **(options if role == "plain" else options | {"answer": "timings"})) as plain, \
+                FakeLlamaServer(model, 2, **(options if role == "spec" else options | {"answer": "timings"})) as spec:
+            with pytest.raises(DsparkError) as refused:
+                profile_engine(config(plain, [spec], draft, repeats=1))
+        url = plain.url if role == "plain" else spec.url
+        assert str(refused.value).startswith(f"the server at {url} {words}"), str(refused.value)
+
+
 def test_a_server_that_is_not_llamacpp_is_refused(ggufs):
     assert refusal(ggufs, plain_options={"llama": False}) == (
         "the plain server at PLAIN is not a llama-server (no build_info in GET /props): `dspark bench engine` reads "

@@ -2,9 +2,11 @@
 
 Every case runs the real CLI in-process (Typer's CliRunner) on copies of the shipped demo pair, tampered as a new
 user might: flags that write pointed at inputs, a target whose config, tokenizer or weights are broken, full disks
-and a SIGTERM mid-run, unbounded counts, serve's hand-off to a broken vllm, a draft vLLM cannot build. Each case
-asserts its exit code, one sentence on stderr naming the file or flag (no traceback), that no input's bytes changed,
-and that what the message says was kept is what is on disk.
+and a SIGTERM mid-run, unbounded counts, serve's hand-off to a broken vllm, a draft vLLM cannot build; and issue
+37's: side files written outside the output check, servers whose replies break off, are not HTTP, do not stream or
+stream another schema, and words and exits that were not true (a ragged run file, a resumed run given the values it
+resolved to, serve's help). Each case asserts its exit code, one sentence on stderr naming the file or flag (no
+traceback), that no input's bytes changed, and that what the message says was kept is what is on disk.
 
     python tests/cli/test_trust_sweep.py          # the same cases without pytest: one line each, then "N/N OK"
 """
@@ -46,6 +48,34 @@ class Workspace:
         self.data = root / "data.txt"
         self.data.write_text("def add(a, b):\n    return a + b\n" * 40)
         self.pristine = fingerprint(self.target, self.draft, self.data)
+        self.servers: dict = {}
+
+    def server(self, kind: str):
+        """A stand-in engine, started on first use and kept for the module: "regen" (regen's llama.cpp API),
+        "json" / "tgi" (bench serve's /v1/completions answered without streaming / streamed in another schema)."""
+        if kind not in self.servers:
+            if kind == "regen":
+                from regen_server import FakeServer
+
+                self.servers[kind] = FakeServer()
+            else:
+                from fake_engine import FakeEngine
+
+                self.servers[kind] = FakeEngine(flavour="openai", tokens=3, answer=kind).__enter__()
+        return self.servers[kind]
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close() if hasattr(server, "close") else server.__exit__(None, None, None)
+
+    def run_file(self) -> Path:
+        """A run file of one prompt of the demo pair (block size 7 by default, device auto: cpu here)."""
+        path = self.root / "run-one.json"
+        if not path.exists():
+            done = runner.invoke(app, ["eval", "--data", str(DEMO_DIR / "eval_code.jsonl"), "--limit", "1",
+                                       "--max-new-tokens", "16", "--json", str(path)])
+            assert done.exit_code == 0, done.output
+        return path
 
     def restore(self) -> None:
         """Put the pristine pair back if a case changed it (so one bug does not hide behind another)."""
@@ -226,6 +256,77 @@ def quantize_json_full(ws: Workspace, message: str) -> None:
 
 SERVE = lambda ws, *extra: ["serve", "--target", str(ws.target), "--draft", str(ws.draft), "--dry-run", "--",
                             *extra]
+TRTLLM = lambda ws, *extra: ["serve", "--target", str(ws.target), "--draft", str(ws.draft), "--engine", "trtllm",
+                             *extra]
+YAML = "dspark-trtllm.yaml"
+
+
+def in_folder(ws: Workspace, name: str, files: dict[str, str] | None = None) -> Path:
+    """A fresh folder of the workspace holding `files` (name -> text)."""
+    folder = ws.path(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    for file, text in (files or {}).items():
+        (folder / file).write_text(text)
+    return folder
+
+
+PLAN = json.dumps({"format": "dspark-plan/1", "speculative_config": {"num_speculative_tokens": 5}})
+
+
+def regen_prompts(ws: Workspace, fault: str) -> list[str]:
+    """regen of four conversations, the second hitting `fault` at the stand-in server (CUT, NOTHTTP)."""
+    prompts = ws.path(f"regen-{fault}.jsonl")
+    prompts.write_text("".join(json.dumps({"turns": [text]}) + "\n" for text in ("one", fault, "three", "four")))
+    out = ws.path(f"regen-{fault}-out.jsonl")
+    for path in (out, out.with_name(out.stem + "_error.jsonl")):
+        path.unlink(missing_ok=True)
+    return ["regen", str(prompts), "-o", str(out), "--url", ws.server("regen").url, "--concurrency", "2"]
+
+
+def regen_kept(fault: str, error: str):
+    def check(ws: Workspace, message: str) -> None:
+        out = ws.path(f"regen-{fault}-out.jsonl")
+        assert sorted(json.loads(line)["index"] for line in out.read_text().splitlines()) == [0, 2, 3]
+        [record] = [json.loads(line) for line in out.with_name(out.stem + "_error.jsonl").read_text().splitlines()]
+        assert record["index"] == 1 and error in record["error"], record
+
+    return check
+
+
+def bench_serve(ws: Workspace, kind: str, *extra: str) -> list[str]:
+    out = ws.path(f"serve-{kind}.json")
+    out.unlink(missing_ok=True)
+    return ["bench", "serve", ws.server(kind).url, "--concurrency", "1", "--requests", "2", "--json", str(out), *extra]
+
+
+def only_existing_files_named(kind: str):
+    def check(ws: Workspace, message: str) -> None:
+        assert f"Already written and kept: {ws.path(f'serve-{kind}.json')}." in message and ".tmp" not in message
+
+    return check
+
+
+def replaced(path: Path) -> None:
+    assert path.read_text().startswith("speculative_config:"), path.read_text()
+
+
+def ragged_run(ws: Workspace) -> Path:
+    """The workspace's run file with its last round cut to 3 positions (consistent within the round)."""
+    document = json.loads(ws.run_file().read_text())
+    last = document["results"][0]["rounds"][-1]
+    last.update(drafted=3, proposed=min(last["proposed"], 3), accepted=min(last["accepted"], 3),
+                confidences=last["confidences"][:3], confidence_logits=last["confidence_logits"][:3])
+    last["emitted"] = last["accepted"] + 1
+    path = ws.path("run-ragged.json")
+    path.write_text(json.dumps(document))
+    return path
+
+
+def resume_with(ws: Workspace, *flags: str) -> list[str]:
+    path = ws.path("run-resume.json")
+    shutil.copy(ws.run_file(), path)
+    return ["eval", "--resume", str(path), *flags]
 
 CASES = [
     # 1. every flag that writes goes through the overlap and output checks before any work
@@ -311,6 +412,46 @@ CASES = [
          ("DSP035", "hidden_act")),
     Case("vllm", "rope-type-unknown", lambda ws: ["validate", str(ws.draft_with("rope", rope_parameters={
          "rope_type": "warp", "rope_theta": 1e6}))], 1, ("DSP035", "rope_type")),
+    # 8. (issue 37, 1) every file a command writes, side files included, goes through the one output check
+    Case("writes", "trtllm-yaml-is-the-from-plan-file", lambda ws: TRTLLM(ws, "--from-plan", str(in_folder(
+         ws, "s1", {YAML: PLAN}) / YAML), "--json", str(ws.path("s1") / "p.json")), 2,
+         ("trtllm's config file", "is the --from-plan file"), inputs=lambda ws: [ws.path("s1")],
+         absent=lambda ws: [ws.path("s1") / "p.json"], forbidden=("Traceback",)),
+    Case("writes", "trtllm-yaml-is-the-json-file", lambda ws: TRTLLM(ws, "--json", str(in_folder(ws, "s2") / YAML)),
+         2, ("is the --json file",), absent=lambda ws: [ws.path("s2") / YAML], forbidden=("Traceback",)),
+    Case("writes", "trtllm-yaml-exists", lambda ws: TRTLLM(ws, "--json", str(in_folder(ws, "s3", {YAML: "mine"})
+         / "p.json")), 2, ("already exists", "--force"), inputs=lambda ws: [ws.path("s3") / YAML],
+         absent=lambda ws: [ws.path("s3") / "p.json"], forbidden=("Traceback",)),
+    Case("writes", "trtllm-yaml-replaced-with-force", lambda ws: TRTLLM(ws, "--force", "--json", str(in_folder(
+         ws, "s4", {YAML: "mine"}) / "p.json")), 0, ("wrote",),
+         after=lambda ws, message: replaced(ws.path("s4") / YAML)),
+    Case("writes", "convert-json-is-the-target-config", lambda ws: ["convert", str(ws.draft), "--to", "gguf",
+         "--target", str(ws.target), "-o", str(ws.path("d.gguf")), "--json", str(ws.target / "config.json")], 2,
+         ("--json file", "inside the target"), absent=lambda ws: [ws.path("d.gguf")], forbidden=("Traceback",)),
+    Case("writes", "bench-serve-kept-names-no-temporary-file", lambda ws: bench_serve(ws, "json", "--no-warmup"), 1,
+         ("request(s) failed",), after=only_existing_files_named("json")),
+    # 9. (issue 37, 2) a transport fault is one request's failure: recorded, the rest kept, the reason said
+    Case("network", "regen-reply-cut-mid-body", lambda ws: regen_prompts(ws, "CUT"), 1,
+         ("1 of 4 conversations failed", "broke off or is not HTTP (IncompleteRead"),
+         after=regen_kept("CUT", "IncompleteRead")),
+    Case("network", "regen-first-line-not-http", lambda ws: regen_prompts(ws, "NOTHTTP"), 1,
+         ("1 of 4 conversations failed", "broke off or is not HTTP (BadStatusLine"),
+         after=regen_kept("NOTHTTP", "BadStatusLine")),
+    Case("network", "bench-serve-without-streaming", lambda ws: bench_serve(ws, "json"), 2,
+         ("failed the warm-up completion", "answered without streaming")),
+    Case("network", "bench-serve-another-event-schema", lambda ws: bench_serve(ws, "tgi", "--no-warmup"), 1,
+         ("2 request(s) failed", "another event schema")),
+    # 10. (issue 37, 6) words and exits that are true
+    Case("words", "serve-help-names-the-four-engines", lambda ws: ["serve", "--help"], 0,
+         ("vLLM (the default), SGLang, TensorRT-LLM or llama.cpp",), forbidden=("Traceback", "target in vLLM.")),
+    Case("words", "ragged-run-file-round", lambda ws: ["plan", str(ragged_run(ws))], 2,
+         ("run-ragged.json: results[0].rounds[", "drafted is 3, not the run's block size 7"),
+         forbidden=("Traceback", "expected sequence")),
+    Case("words", "resume-given-the-values-it-resolved-to", lambda ws: resume_with(ws, "--block-size", "7",
+         "--device", "cpu"), 0, ()),
+    Case("words", "resume-default-worded-as-the-default", lambda ws: resume_with(ws, "--block-size", "5"), 2,
+         ("was run with the default --block-size (resolved to 7), not --block-size 5",),
+         forbidden=("Traceback", "None")),
 ]
 
 
@@ -370,7 +511,9 @@ def _run_case(case: Case, ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Workspace:
-    return Workspace(tmp_path_factory.mktemp("sweep"))
+    ws = Workspace(tmp_path_factory.mktemp("sweep"))
+    yield ws
+    ws.close()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.klass}:{c.name}" for c in CASES])
@@ -400,7 +543,31 @@ def test_python_api_words_a_broken_target_in_one_sentence(workspace, name, chang
 
 
 def test_sweep_covers_every_class():
-    assert {c.klass for c in CASES} == {"writes", "target", "disk", "bounds", "serve", "vllm"}
+    assert {c.klass for c in CASES} == {"writes", "target", "disk", "bounds", "serve", "vllm", "network", "words"}
+
+
+def test_sigterm_before_a_command_starts_exits_143(monkeypatch, capsys):
+    """SIGTERM while Typer still parses the options (before a command's handle_errors runs: `quantize` about a
+    second after start) was a `Terminated` traceback and exit 1."""
+    import signal
+
+    import dspark_cli.cli as cli
+    from dspark_cli.cli import render
+    from dspark_cli.errors import Terminated
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr(render.Command, "parse_args", terminated)
+    monkeypatch.setattr(sys, "argv", ["dspark", "quantize", "x", "-o", "y"])
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as done:
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert done.value.code == 143
+    assert " ".join(capsys.readouterr().err.split()) == "terminated: nothing was written"
 
 
 def main() -> int:
@@ -422,6 +589,7 @@ def main() -> int:
                     continue
             passed += 1
             print(f"ok   {case.klass}:{case.name}")
+        ws.close()
     print(f"{passed}/{total} OK")
     return 0 if passed == total else 1
 

@@ -231,7 +231,9 @@ def test_resume_keeps_finished_prompts_and_runs_only_the_missing(tmp_path):
 
 def test_resume_accepts_the_command_line_that_made_the_run(tmp_path):
     """--resume with the original flags resumes, although the run stored resolved values (auto -> dense, cpu,
-    float32; a path with a trailing slash); a different flag is one sentence naming it."""
+    float32; a path with a trailing slash), and so does a flag giving the value the run resolved to (--block-size 7
+    where the default resolved to 7, --device cpu where auto chose cpu); a different flag is one sentence naming
+    it, a default worded as the default (was 'None')."""
     from dspark_cli.runtime.demo import demo_pair
 
     target, draft = map(str, demo_pair())
@@ -248,9 +250,20 @@ def test_resume_accepts_the_command_line_that_made_the_run(tmp_path):
     same = eval_cli(*[a.rstrip("/") if a == target + "/" else a for a in original], "--resume", str(run_file))
     assert same.exit_code == 0, same.output
     assert len(json.loads(run_file.read_text())["results"]) == 2
-    for flag, value in (("--markov", "dense"), ("--block-size", "3"), ("--top-k", "5"), ("--dtype", "float32")):
+    run_file.write_text(json.dumps(doc))
+    resolved = ["--block-size", "7", "--device", "cpu", "--markov", "dense", "--dtype", "float32"]
+    pinned = eval_cli(*[a for a in original if a not in ("--device", "--markov", "--dtype", "auto")], *resolved,
+                      "--resume", str(run_file))
+    assert pinned.exit_code == 0, pinned.output
+    assert len(json.loads(run_file.read_text())["results"]) == 2
+    for flag, value, was in (("--markov", "topk", "--markov 'auto' (resolved to 'dense')"),
+                             ("--block-size", "3", "the default --block-size (resolved to 7)"),
+                             ("--top-k", "5", "--top-k 0"), ("--dtype", "bfloat16", "--dtype 'auto' (resolved to "
+                                                                                   "'float32')")):
         changed = eval_cli(*original, flag, value, "--resume", str(run_file))
-        assert changed.exit_code == 2 and f"was run with {flag} " in changed.output, (flag, changed.output)
+        message = " ".join(changed.output.split())
+        assert changed.exit_code == 2 and f"was run with {was}, not {flag} " in message, (flag, message)
+        assert "None" not in message
 
 
 def test_a_run_file_from_before_the_sampling_requests_resumes(tmp_path):

@@ -68,7 +68,29 @@ CASES = {
                            "settings.block_size must be an integer, not a number"),
     "round past block size": (lambda d: d["settings"].update(block_size=2),
                               "results[0].rounds[0].drafted must be between 1 and 2"),
+    "ragged round": (lambda d: _ragged(d["results"][1]["rounds"][0], 3),
+                     "results[1].rounds[0].drafted is 3, not the run's block size 7 (settings.block_size)"),
 }
+
+
+def _ragged(round_: dict, length: int) -> None:
+    """One round's lists cut to `length`, consistent within the round: ragged only against the other rounds."""
+    round_.update(drafted=length, proposed=min(round_["proposed"], length), accepted=min(round_["accepted"], length),
+                  confidences=round_["confidences"][:length], confidence_logits=round_["confidence_logits"][:length])
+    round_["emitted"] = round_["accepted"] + 1
+
+
+@pytest.mark.parametrize("command", [["calibrate", "-o", "sts.json"], ["plan"]])
+def test_a_ragged_round_is_one_sentence_naming_the_file_and_the_round(command, run_doc, tmp_path):
+    """calibrate and plan stack the rounds' lists: a round of another length was a tensor-shape message."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_tampered(run_doc, lambda d: _ragged(d["results"][0]["rounds"][-1], 3))))
+    result = runner.invoke(app, [command[0], str(path), *[str(tmp_path / a) if a.endswith(".json") else a
+                                                         for a in command[1:]]])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in message, message
+    last = len(run_doc["results"][0]["rounds"]) - 1
+    assert f"{path}: results[0].rounds[{last}].drafted is 3, not the run's block size 7" in message
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

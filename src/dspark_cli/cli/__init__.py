@@ -7,6 +7,7 @@ import typer
 
 from dspark_cli import __version__
 from dspark_cli.cli import render
+from dspark_cli.errors import Terminated
 
 app = typer.Typer(
     name="dspark",
@@ -54,6 +55,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         app()
+    except Terminated as stop:  # before a command's handle_errors ran: while Typer parsed the options
+        raise SystemExit(render.stopped(stop)) from None
     except SystemExit as done:
         if done.code and _one_of_many_ranks():
             _exit_at_once(done.code)
@@ -93,7 +96,5 @@ def _exit_at_once(code: object) -> None:
 def _raise_terminated(signum, frame) -> None:
     """SIGTERM unwinds like Ctrl-C (temporary outputs removed), then render.handle_errors exits 143. Further
     SIGTERMs are ignored so that the cleanup can finish (SIGKILL still stops the process)."""
-    from dspark_cli.errors import Terminated
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()

@@ -56,7 +56,10 @@ def convert(
     """Write the draft in another engine's format; refused, in one sentence, when it cannot be faithful."""
     from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
 
-    check_output_file(json_path, local_inputs("draft", [draft]) + [("output", out)], "--json file")
+    inputs = (local_inputs("draft", [draft]) + local_inputs("target", [target])
+              + local_inputs("--guard-prompts file", [guard_prompts]) + local_inputs("--guard-target file",
+                                                                                     [guard_target]))
+    check_output_file(json_path, inputs + [("output", out)], "--json file")
     quant = Quantization(outtype, leave_output, guard_prompts, guard_target, max_tau_drop, guard_warn, guard_tokens)
     if to == Format.gguf:
         summary = _to_gguf(draft, out, target, force) if outtype is None else _quantized(draft, out, target, force,

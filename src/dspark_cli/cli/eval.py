@@ -106,7 +106,7 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     json_path = o.json_path
     if o.resume is not None:
         run = ev.EvalRun.load(o.resume)
-        _check_resume(run.settings.get("requested", run.settings), given, o.resume)
+        _check_resume(run.settings, given, o.resume)
         _check_resume_calibration(run.settings["calibration"], o.calibration, o.resume)
         settings = dict(run.settings)
         if o.data:  # Typer gives an empty list when --data is not passed
@@ -285,16 +285,25 @@ def _check_resumed_sets(run, given: list, path: Path) -> None:
                               "stored sets.")
 
 
-def _check_resume(stored: dict, given: dict, path: Path) -> None:
-    """The command line against the run's requested settings (a run file before dspark 0.2 has only the resolved
-    ones): the original flags resume, a different one is named."""
+def _check_resume(settings: dict, given: dict, path: Path) -> None:
+    """The command line against the run's settings: a flag resumes when it repeats the value requested, or the value
+    the run resolved that request to (--block-size 7 where the default resolved to 7, --device cpu where auto chose
+    cpu; a run file before dspark 0.2 has only the resolved ones); a different one is named, a default as such."""
     from dspark_cli.errors import DsparkError
 
+    requested = settings.get("requested", settings)
     for key in RUN_KEYS:
-        if key in given and not _same_request(key, given[key], stored.get(key)):
-            flag = "--" + key.replace("_", "-")
-            raise DsparkError(f"{path} was run with {flag} {stored.get(key)!r}, not {given[key]!r}; drop {flag} to "
-                              "resume with the stored settings, or start a new run.")
+        if key not in given:
+            continue
+        asked, resolved = requested.get(key), settings.get(key)
+        if _same_request(key, given[key], asked) or _same_request(key, given[key], resolved):
+            continue
+        flag = "--" + key.replace("_", "-")
+        was = f"the default {flag}" if asked is None else f"{flag} {asked!r}"
+        if resolved != asked:
+            was += f" (resolved to {resolved!r})"
+        raise DsparkError(f"{path} was run with {was}, not {flag} {given[key]!r}; drop {flag} to resume with the "
+                          "stored settings, or start a new run.")
 
 
 def _same_request(key: str, given, stored) -> bool:

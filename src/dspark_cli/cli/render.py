@@ -81,7 +81,7 @@ def handle_errors(command: Callable) -> Callable:
     A failed write (full disk, quota, read-only, permission denied: files.is_disk_error) is one sentence and exit 2
     as well. Every message about what is on disk is true: the outputs already put in place by this command
     (files.written_outputs) are named after an error, and an interrupt says "nothing was written" only when nothing
-    was. An interrupt may carry `kept`, a sentence saying what the command kept on disk (train's checkpoints).
+    was (`stopped`).
     """
 
     @functools.wraps(command)
@@ -109,13 +109,21 @@ def handle_errors(command: Callable) -> Callable:
             _print_error(_with_written(f"cannot {verb}{where}: {error.strerror or error}; {fix}.", files))
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except (KeyboardInterrupt, Terminated) as stop:
-            terminated = isinstance(stop, Terminated)
-            kept = getattr(stop, "kept", None) or files.kept_sentence()
-            err_console.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: {escape(kept)}",
-                              highlight=False)
-            raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+            raise typer.Exit(stopped(stop)) from None
 
     return wrapper
+
+
+def stopped(stop: KeyboardInterrupt | Terminated) -> int:
+    """Ctrl-C or SIGTERM, wherever it landed (in a command, or before one started: while the CLI parsed its options,
+    cli.main): what was kept said on stderr, and the exit code, 130 or 143. An interrupt may carry `kept`, a
+    sentence saying what the command kept on disk (train's checkpoints)."""
+    from dspark_cli.runtime.io import outputs as files
+
+    terminated = isinstance(stop, Terminated)
+    kept = getattr(stop, "kept", None) or files.kept_sentence()
+    err_console.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: {escape(kept)}", highlight=False)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def _with_written(message: str, files) -> str:

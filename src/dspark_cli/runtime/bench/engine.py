@@ -81,12 +81,27 @@ class Server:
                 message = server_error_message(payload.decode("utf-8", "replace").strip())
                 raise DsparkError(f"the server at {self.url} answered POST {path} with HTTP {response.status}: "
                                   f"{' '.join(message.split())[:300]}")
-            return json.loads(payload)
+            document = json.loads(payload)
         except (OSError, http.client.HTTPException, ValueError) as error:
             raise DsparkError(f"the server at {self.url} failed POST {path} ({type(error).__name__}: {error}); "
                               "check that it is a running llama-server.") from None
         finally:
             connection.close()
+        if not isinstance(document, dict):
+            raise DsparkError(f"the server at {self.url} answered POST {path} with JSON that is not an object; "
+                              "check that it is a running llama-server.")
+        return document
+
+    def timings(self, body: dict, timeout_s: float, keys: Sequence[str]) -> dict:
+        """The `timings` of one POST /completion, holding a number under each of `keys` (llama-server's per-request
+        timings); DsparkError naming the server when the answer has none."""
+        timings = self.post("/completion", body, timeout_s).get("timings")
+        missing = [key for key in keys if not isinstance(timings, dict) or not isinstance(timings.get(key),
+                                                                                        (int, float))]
+        if missing:
+            raise DsparkError(f"the server at {self.url} answered POST /completion without timings.{missing[0]}; "
+                              "`dspark bench engine` reads llama-server's per-request timings.")
+        return timings
 
 
 def connect(url: str, role: str) -> Server:
@@ -188,8 +203,8 @@ class Sampler:
     def verify(self, tokens: int) -> tuple[float, None]:
         prompt = self.window(self.fresh, tokens)
         self.fresh += tokens + 1
-        timings = self.plain.post("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False,
-                                                  "temperature": 0}, self.config.timeout_s).get("timings", {})
+        timings = self.plain.timings({"prompt": prompt, "n_predict": 1, "cache_prompt": False, "temperature": 0},
+                                     self.config.timeout_s, ("prompt_n", "prompt_ms"))
         if timings.get("prompt_n") != tokens:
             raise DsparkError(f"the plain server at {self.plain.url} processed {timings.get('prompt_n')} prompt "
                               f"tokens of a fresh {tokens}-token prompt; it must not reuse a cache here.")
@@ -205,9 +220,10 @@ class Sampler:
             body = {"prompt": prompt, "n_predict": self.config.generate, "ignore_eos": True, "temperature": 0,
                     "cache_prompt": True}
             try:
-                timings[j] = server.post("/completion", body, self.config.timeout_s).get("timings", {})
-            except DsparkError as error:
-                errors.append(error)
+                timings[j] = server.timings(body, self.config.timeout_s, ("predicted_n", "predicted_ms"))
+            except Exception as error:  # whatever failed, the profile is not measured: said in one sentence
+                errors.append(error if isinstance(error, DsparkError) else DsparkError(
+                    f"a request to the server at {server.url} failed ({type(error).__name__}: {error})."))
 
         threads = [threading.Thread(target=one, args=(j,), daemon=True) for j in range(requests)]
         for thread in threads:

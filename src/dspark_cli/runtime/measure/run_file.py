@@ -223,6 +223,9 @@ def _check_tokens(c: _Checker, tokens: Any, where: str) -> None:
 def _check_round(c: _Checker, round_: Any, where: str, block: int | None) -> None:
     r = c.keys(round_, where, ROUND_KEYS, ("confidence_logits", *ROUND_TIMES))
     c.integer(r["drafted"], f"{where}.drafted", low=1, high=block)
+    if r["drafted"] != block:  # every round drafts one whole block: a shorter one is ragged against the others
+        c.fail(f"{where}.drafted", f"is {r['drafted']}, not the run's block size {block} (settings.block_size): "
+               "every round drafts one whole block, so this round's lists are ragged against the others'")
     c.integer(r["proposed"], f"{where}.proposed", high=r["drafted"])
     c.integer(r["accepted"], f"{where}.accepted", high=r["proposed"])
     c.integer(r["emitted"], f"{where}.emitted", low=1)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from dspark_cli.runtime.io.outputs import atomic_write_text
 from dspark_cli.runtime.train.tiny_target import (HybridGeometry, TargetGeometry, build_tokenizer, evaluate_lm,
                                                   train_causal_lm)
 from dspark_cli.runtime.train.options import TrainOptions
@@ -182,7 +183,7 @@ def _drafts_stage(work: Path, recipe: DemoRecipe, target_key: dict, inputs: tupl
     estimates = _train_drafts(*inputs, recipe, work, log, lap)
     stage = {"key": key, "train_tau_estimates": estimates,
              "seconds": {k: v for k, v in seconds.items() if k in ("self-distillation data", "drafts")}}
-    stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    atomic_write_text(stage_file, json.dumps(stage, indent=2) + "\n")  # an interrupt never leaves half a file
     return estimates
 
 
@@ -259,7 +260,7 @@ def _target_stage(folder: Path, recipe: DemoRecipe, key: dict, tokenizer, train_
     log(f"target held-out loss {val_loss:.3f}")
     _save_target(model, tokenizer, folder)
     stage = {"key": key, "held_out_loss": round(val_loss, 4), "seconds": round(time.perf_counter() - started, 1)}
-    stage_file.write_text(json.dumps(stage, indent=2) + "\n")
+    atomic_write_text(stage_file, json.dumps(stage, indent=2) + "\n")
     return model, stage["held_out_loss"], None
 
 
