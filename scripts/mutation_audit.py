@@ -383,6 +383,13 @@ MUTATIONS = [
     m("Q7", "the guard passes a drop above the threshold", "bench/quant_guard.py",
       [("drop.estimate <= settings.max_tau_drop", "drop.estimate <= settings.max_tau_drop + 1")],
       "test_quant_guard.py::test_a_drop_beyond_the_threshold_is_refused_with_both_figures"),
+    m("Q8", "the Q4_K super-block scale d = max / 62, not max / 63 (off by one)", "convert/gguf_kquant.py",
+      [("d = (max_scale / f32(63)).astype(np.float16)", "d = (max_scale / f32(62)).astype(np.float16)")],
+      "test_gguf_quant.py::test_q4_k_reproduces_values_on_its_grid"),
+    m("Q9", "Q4_K's scale search keeps its first offset instead of moving it (ggml's make_qkx2_quants)",
+      "convert/gguf_kquant.py",
+      [("(x - offset[:, None])), 0, 15)", "(x - lowest[:, None])), 0, 15)")],
+      "test_gguf_quant.py::test_files_equal_llama_quantize_pure"),
 ]
 
 

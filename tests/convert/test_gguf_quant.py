@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
+from dspark_cli.runtime.convert.gguf_kquant import quantize_q4_k
 from dspark_cli.runtime.convert.gguf_quant import (
     QUANTIZERS,
     quantize_file,
@@ -86,6 +87,31 @@ def test_which_tensors_are_quantized(name, shape, out):
     assert tensor_plan(name, shape, "BF16", "q4_0").out_type == out
 
 
+@pytest.mark.parametrize("name, shape, out", [
+    ("fc.weight", (768, 256), "Q4_K"),
+    ("markov_w1.weight", (128, 1024), "Q5_0"),  # rank 128: not whole 256-value super-blocks (llama.cpp's fallback)
+    ("fc.weight", (100, 256), "F16"),
+])
+def test_which_tensors_are_q4_k(name, shape, out):
+    assert tensor_plan(name, shape, "BF16", "q4_k").out_type == out
+
+
+def test_q4_k_reproduces_values_on_its_grid():
+    """Sub-blocks of q x 63/16 (q = 0..15): the largest sub-block scale is 63/16, so the super-block scale
+    d = (63/16) / 63 = 1/16 is exact in F16 and gguf's decoder gives the values back exactly (a super-block scale
+    of max / 62 or max / 64 would not)."""
+    levels = np.tile(np.arange(16, dtype=np.float32), 2 * 8)  # [256]: every sub-block holds 0..15 twice
+    rows = (levels * np.float32(63 / 16)).reshape(1, 256)
+    decoded = gguf.quants.dequantize(quantize_q4_k(rows), gguf.GGMLQuantizationType.Q4_K).reshape(rows.shape)
+    assert np.array_equal(decoded, rows)
+
+
+def test_q4_k_blocks_decode_close_to_the_values():
+    rows = np.random.default_rng(2).standard_normal((4, 512)).astype(np.float32)
+    decoded = gguf.quants.dequantize(quantize_q4_k(rows), gguf.GGMLQuantizationType.Q4_K).reshape(rows.shape)
+    assert np.linalg.norm(decoded - rows) / np.linalg.norm(rows) < 0.1
+
+
 def test_leave_output_keeps_the_lm_head():
     assert tensor_plan("output.weight", (256, 1024), "BF16", "q8_0", keep_output=True).out_type == "BF16"
     assert tensor_plan("token_embd.weight", (256, 1024), "BF16", "q8_0", keep_output=True).out_type == "Q8_0"
@@ -124,15 +150,16 @@ def test_an_unknown_outtype_is_one_sentence(tmp_path):
     result = CliRunner().invoke(app, ["convert", str(DRAFT), "-o", str(tmp_path / "d.gguf"), "--to", "gguf",
                                       "--target", str(TARGET), "--outtype", "q3_k"])
     assert result.exit_code == 2
-    assert "q8_0, q4_0, q4_k_m" in result.output and "Traceback" not in result.output
+    assert "q8_0, q4_0, q4_k, q4_k_m" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "d.gguf").exists()
 
 
 @needs_quantize
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
-def test_files_equal_llama_quantize_pure(tmp_path, demo_ggufs, kind):
-    """Every tensor of the draft and the target, as dspark writes it, is llama-quantize --pure's: type and bytes."""
-    for source in demo_ggufs:
+@pytest.mark.parametrize("kind, files", [("q8_0", 2), ("q4_0", 2), ("q4_k", 1)])
+def test_files_equal_llama_quantize_pure(tmp_path, demo_ggufs, kind, files):
+    """Every tensor of the draft and the target (Q4_K: the draft, whose Q5_0 fallbacks it has too; its search is the
+    slow one), as dspark writes it, is llama-quantize --pure's: type and bytes."""
+    for source in demo_ggufs[::-1][:files]:
         ours, theirs = tmp_path / f"ours-{source.name}", tmp_path / f"theirs-{source.name}"
         quantize_file(source, ours, kind)
         subprocess.run([str(QUANTIZE), "--pure", str(source), str(theirs), kind.upper(), "1"], check=True,

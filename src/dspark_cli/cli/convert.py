@@ -38,9 +38,9 @@ def convert(
                                "tokenizer); its name or path for speculators (the verifier); unused for deepspec."),
     force: options.force("Replace OUT if it exists.") = False,
     json_path: options.json_path("the summary") = None,
-    outtype: str = typer.Option(None, "--outtype", metavar="TYPE", help="gguf: q8_0 or q4_0 (dspark's quantizer, "
-                                "every eligible matrix in the type) or q4_k_m (llama.cpp's llama-quantize); default: "
-                                "the tensors' own dtype."),
+    outtype: str = typer.Option(None, "--outtype", metavar="TYPE", help="gguf: q8_0, q4_0 or q4_k (dspark's "
+                                "quantizer, every eligible matrix in the type) or q4_k_m (llama.cpp's llama-quantize); "
+                                "default: the tensors' own dtype."),
     leave_output: bool = typer.Option(False, "--leave-output", help="With --outtype: keep output.weight (the "
                                       "lm_head) unquantized."),
     guard_prompts: Path = typer.Option(None, "--guard-prompts", metavar="FILE", help="With --outtype on a draft: "

@@ -1,5 +1,5 @@
-"""GGUF files quantized for llama.cpp (release b11434): Q8_0 and Q4_0 by dspark's own block quantizers, Q4_K_M by
-llama.cpp's `llama-quantize` (scripts/build_llamacpp.sh builds it); torch-free.
+"""GGUF files quantized for llama.cpp (release b11434): Q8_0, Q4_0 and Q4_K by dspark's own block quantizers (Q4_K's
+in gguf_kquant.py), Q4_K_M by llama.cpp's `llama-quantize` (scripts/build_llamacpp.sh builds it); torch-free.
 
 A quantized file is made from the unquantized GGUF dspark's converters write (gguf.py, target_gguf.py): its keys are
 copied, `general.file_type` set, and each tensor quantized or copied as it was. Which tensors stay unquantized is
@@ -9,8 +9,8 @@ row), a name not ending in `weight` (`d2t`, `markov_w2.scale`), a `*_norm.weight
 32-value blocks falls back to F16. `keep_output` leaves `output.weight` (the lm_head) as it was, like llama-quantize's
 option that leaves the output tensor.
 
-Q8_0 and Q4_0 are written "pure" (every eligible matrix in the one type), the file `llama-quantize --pure` writes,
-byte for byte (tests/convert/test_gguf_quant.py compares them); llama.cpp's own Q4_0 mixture would put output.weight
+Q8_0, Q4_0 and Q4_K are written "pure" (every eligible matrix in the one type; for Q4_K, Q5_0 where a row is not whole
+256-value super-blocks), the file `llama-quantize --pure` writes, byte for byte (tests/convert/test_gguf_quant.py compares them); llama.cpp's own Q4_0 mixture would put output.weight
 in Q6_K. Q4_K_M is llama.cpp's mixture (Q4_K, Q6_K for output.weight and half the attn_v / ffn_down, Q5_0 where a
 row is not whole 256-value super-blocks, as the dflash Markov matrices of rank 128 are), so it is llama-quantize's.
 """
@@ -26,13 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.runtime.convert.gguf_kquant import QK_K, quantize_q4_k, quantize_q5_0
 from dspark_cli.runtime.engines.llamacpp import build_binary, quantize_argv
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file
 
 QK = 32  # values per Q8_0 / Q4_0 block (ggml-common.h QK8_0, QK4_0)
-QK_K = 256  # values per K-quant super-block (ggml-common.h QK_K)
-OUTTYPES = ("q8_0", "q4_0", "q4_k_m")
-FILE_TYPES = {"q8_0": 7, "q4_0": 2, "q4_k_m": 15}  # llama_ftype: MOSTLY_Q8_0, MOSTLY_Q4_0, MOSTLY_Q4_K_M
+OUTTYPES = ("q8_0", "q4_0", "q4_k", "q4_k_m")
+# llama_ftype: MOSTLY_Q8_0, MOSTLY_Q4_0, and for q4_k what `llama-quantize --pure ... Q4_K` writes (its "Q4_K" is an
+# alias of MOSTLY_Q4_K_M)
+FILE_TYPES = {"q8_0": 7, "q4_0": 2, "q4_k": 15, "q4_k_m": 15}
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,14 @@ def quantize_q4_0(rows):
     return packed.reshape(rows.shape[0], -1)  # [R, C / 32 * 18]
 
 
-QUANTIZERS: dict[str, Callable] = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
+QUANTIZERS: dict[str, Callable] = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k,
+                                   "q5_0": quantize_q5_0}
 
 
 def tensor_plan(name: str, ggml_shape: tuple[int, ...], source_type: str, outtype: str,
                 keep_output: bool = False) -> TensorPlan:
     """llama.cpp's choice for one tensor (ggml order: ggml_shape[0] is the row length) under dspark's pure
-    Q8_0 / Q4_0."""
+    Q8_0 / Q4_0 / Q4_K (a Q4_K row that is not whole 256-value super-blocks falls back to Q5_0)."""
     if all(size == 1 for size in ggml_shape[1:]):  # ggml_n_dims < 2
         return TensorPlan(name, source_type, source_type, "one row or fewer dimensions")
     if not name.endswith("weight"):
@@ -93,6 +96,8 @@ def tensor_plan(name: str, ggml_shape: tuple[int, ...], source_type: str, outtyp
         return TensorPlan(name, source_type, source_type, "the lm_head, kept")
     if ggml_shape[0] % QK:
         return TensorPlan(name, source_type, "F16", f"rows of {ggml_shape[0]} values are not whole 32-value blocks")
+    if outtype == "q4_k" and ggml_shape[0] % QK_K:
+        return TensorPlan(name, source_type, "Q5_0", f"rows of {ggml_shape[0]} values are not whole Q4_K super-blocks")
     return TensorPlan(name, source_type, outtype.upper())
 
 
@@ -207,7 +212,8 @@ def convert_quantized(write_source: Callable[[Path], dict[str, Any]], out: str |
     types: dict[str, int] = {}
     for plan in plans:
         types[plan.out_type] = types.get(plan.out_type, 0) + 1
-    kept = sorted({plan.name: plan.reason for plan in plans if plan.reason}.items())
-    return {**summary, "output": str(out), "outtype": outtype, "tensor_types": types,
-            "unquantized": [f"{name} ({reason})" for name, reason in kept],
+    kept = [f"{p.name} ({p.reason})" for p in plans if p.reason and p.out_type == p.source_type]
+    fallbacks = [f"{p.name}: {p.out_type} ({p.reason})" for p in plans if p.reason and p.out_type != p.source_type]
+    return {**summary, "output": str(out), "outtype": outtype, "tensor_types": types, "unquantized": sorted(kept),
+            "fallbacks": sorted(fallbacks),
             "bytes": out.stat().st_size, "unquantized_bytes": unquantized_bytes, **({"guard": guard} if guard else {})}
