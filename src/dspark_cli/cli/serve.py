@@ -39,9 +39,11 @@ def serve(
                                    "for).") = None,
     draft_topk: options.draft_topk("Markov candidates per position (dspark_draft_topk; default: the draft config's, "
                                    "else dense).") = None,
-    draft_sample_method: str = typer.Option("probabilistic", "--draft-sample-method", help="probabilistic "
-                                            "(sample drafts from q, as dspark generate does) or greedy (argmax "
-                                            "drafts, less GPU memory); both are lossless."),
+    draft_sample_method: Optional[str] = typer.Option(None, "--draft-sample-method", help="vLLM: probabilistic "
+                                                      "(the default: sample drafts from q, as dspark generate does) "
+                                                      "or greedy (argmax drafts, less GPU memory), both lossless; "
+                                                      "llama.cpp drafts greedily only; SGLang and TensorRT-LLM take "
+                                                      "none."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the engine's OpenAI-compatible server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print the command."),
     json_path: options.json_path("the speculative config and argv (implies --dry-run)") = None,

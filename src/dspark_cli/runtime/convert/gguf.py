@@ -29,6 +29,7 @@ from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
 from dspark_cli.runtime.convert import dflash2_gguf
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
+from dspark_cli.runtime.engines.llamacpp import conf_proj_refusal
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
 
 ARCH = "dflash"  # gguf-py/gguf/constants.py MODEL_ARCH_NAMES[MODEL_ARCH.DFLASH]
@@ -107,9 +108,9 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
     if _quantized_head(ckpt):
         return ("its markov_w2 is NVFP4-quantized, and llama.cpp's dflash model reads no block scales; convert the "
                 "draft before quantizing it")
-    if _has_confidence(ckpt) and not (config.has_markov and config.confidence_head_with_markov):
-        return ("its confidence head reads the hidden state alone, and llama.cpp's conf_proj reads the hidden state "
-                "and the Markov state")
+    confidence = conf_proj_refusal(config, _has_confidence(ckpt))  # llama.cpp's verdict reads the same rule
+    if confidence:
+        return confidence
     if not config.layer_ids:
         return "its config names no target_layer_ids"
     if dflash2 is not None:

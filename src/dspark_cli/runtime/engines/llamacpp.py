@@ -54,18 +54,55 @@ OWN_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--s
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules on the folders, then the `llama-server` argv on the GGUF beside each."""
     refuse_own_flags(request, ENGINE.label, OWN_FLAGS)
+    refuse_unread_settings(request)
     ckpt = open_checkpoint(request.draft)
     report = validate_checkpoint(ckpt, read_target_config(request.target))
     config = DraftConfig.from_dict(ckpt.config)
     refused = ENGINE.verdict(report, config).refused
     if refused:
         raise DraftRefused(report, refused, request.target, ENGINE.label)
+    refuse_threshold_without_head(config, request)
     target, draft = gguf_beside(request.target, "target"), gguf_beside(request.draft, "draft")
     spec = {"spec_type": spec_type(config), "spec_draft_n_max": resolve_block_size(config, request.block_size)}
     argv = llama_server_argv(target, draft, spec, request)
     return ServePlan(target=target, draft=draft, speculative_config=spec, argv=argv, engine=ENGINE.name,
                      report=report, trained_block_size=trained_block_size(config), draft_quantization="unquantized",
                      notes=_notes(request, target, draft))
+
+
+def refuse_unread_settings(request: ServeRequest) -> None:
+    """What llama-server has no setting for (common/arg.cpp, common/speculative.cpp): a draft top-k (each position
+    is read from the draft's own top-10 sampler), a draft sample method other than greedy (the DSpark drafter takes
+    the top candidate of every position, cur_p->data[0]), an STS file (its cut-off is spec-draft-p-min alone)."""
+    if request.draft_topk is not None:
+        raise DsparkError("llama.cpp drafts each position from its own sampler and takes no draft top-k; drop it.")
+    if request.draft_sample_method not in (None, "greedy"):
+        raise DsparkError(f"llama.cpp drafts the top candidate at every position (greedy) and has no "
+                          f"{request.draft_sample_method} draft sampling; drop the draft sample method or pass "
+                          "greedy.")
+    if request.calibration is not None:
+        raise DsparkError("llama.cpp reads no STS calibration file (its only confidence setting is the threshold "
+                          "spec-draft-p-min, from the from-plan option); drop the calibration.")
+
+
+def refuse_threshold_without_head(config: DraftConfig, request: ServeRequest) -> None:
+    """A threshold for a draft-dspark draft without a confidence head: llama-server then fails to initialise
+    speculation ("DSpark draft has no confidence head: please set --spec-draft-p-min 0",
+    common/speculative.cpp) and serves the target without the draft. A DFlash2 draft's cut-off is its selector's."""
+    dspark = spec_type(config) == "draft-dspark"
+    if request.confidence_threshold is not None and dspark and not config.enable_confidence_head:
+        raise DsparkError("a confidence threshold needs a draft with a confidence head, and this draft has none "
+                          "(llama.cpp would start without the draft); plan without thresholds.")
+
+
+def conf_proj_refusal(config: DraftConfig, has_confidence: bool) -> str | None:
+    """Why llama.cpp's dflash model cannot hold this draft's confidence head, or None: src/models/dflash.cpp loads
+    conf_proj.weight as [hidden + markov_rank, 1], the hidden state and the Markov state. `dspark convert --to gguf`
+    refuses such a draft with this reason and `validate --engine llamacpp` with DSP724: the one rule of both."""
+    if has_confidence and not (config.has_markov and config.confidence_head_with_markov):
+        return ("its confidence head reads the hidden state alone, and llama.cpp's conf_proj reads the hidden state "
+                "and the Markov state")
+    return None
 
 
 def spec_type(config: DraftConfig) -> str:
@@ -104,8 +141,9 @@ def gguf_beside(folder: str, role: str) -> str:
 
 
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
-    """llama.cpp's own refusals beyond validate's codes (DSP721-DSP723): other backbones than Qwen3 (speculative.md
-    of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head."""
+    """llama.cpp's own refusals beyond validate's codes (DSP721-DSP724): other backbones than Qwen3 (speculative.md
+    of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head, a
+    confidence head its conf_proj cannot hold (`conf_proj_refusal`, the converter's rule)."""
     findings = []
     if config.family not in ("qwen3", "dflash2"):
         findings.append(engine_finding("DSP721", f"this is a {config.family_title} draft."))
@@ -114,6 +152,9 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
         findings.append(engine_finding("DSP722", f"markov_w2 is stored {head}."))
     if not config.has_markov and config.family != "dflash2":
         findings.append(engine_finding("DSP723", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    confidence = conf_proj_refusal(config, config.enable_confidence_head)
+    if confidence:
+        findings.append(engine_finding("DSP724", f"{confidence}; dspark convert refuses it."))
     notes = ["llama.cpp loads GGUF files: the draft and a Qwen3 or Qwen2 target through dspark convert, another "
              "target through llama.cpp's own converter (docs/convert.md)."]
     if config.enable_confidence_head:
@@ -129,9 +170,6 @@ def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:
     notes = [f"llama.cpp loads GGUF files: write {draft} with dspark convert {request.draft} (the to option gguf, "
              f"the target option {request.target}) and {target} with dspark convert {request.target} (the to option "
              "gguf; a Qwen3 or Qwen2 target, llama.cpp's own converter for others)."]
-    if request.draft_topk is not None:
-        notes.append("llama.cpp reads each drafted position from its own draft sampler: the draft top-k is not "
-                     "passed.")
     return notes
 
 

@@ -37,7 +37,7 @@ class ServeRequest:
     draft: str  # draft checkpoint: folder or hub id
     block_size: int | None = None  # draft tokens per round; None: what the draft was trained for
     draft_topk: int | None = None  # Markov candidates per position; None: the draft config's dspark_draft_topk
-    draft_sample_method: str = "probabilistic"
+    draft_sample_method: str | None = None  # None: the engine's own (vLLM: probabilistic; llama.cpp: greedy)
     port: int | None = None
     engine_args: tuple[str, ...] = ()  # passed to the engine's command unchanged, after dspark's own flags
     confidence_threshold: float | None = None  # verify positions whose survival >= X (a `dspark plan` result)
@@ -101,8 +101,17 @@ def refuse_vllm_only_settings(request: ServeRequest, label: str) -> None:
     if request.draft_topk is not None or request.confidence_threshold is not None:
         raise DsparkError(f"{label} takes no draft top-k or survival threshold from dspark; drop them, or serve "
                           "with vLLM.")
-    if request.draft_sample_method != "probabilistic":
+    if request.draft_sample_method is not None:
         raise DsparkError(f"the draft sample method is a vLLM setting; drop it for {label}.")
+
+
+def head_type_finding(engine: Engine, config: DraftConfig, code: str, where: str) -> list[Finding]:
+    """The engine's refusal (`code`) of a Markov head type its loader does not build (`where`: the file that
+    says so), for an engine that does not list validate's DSP012 among its own codes."""
+    if not config.has_markov or not engine.refuses_head(config.markov_head_type):
+        return []
+    return [engine_finding(code, f"markov_head_type is {config.markov_head_type!r}; {engine.label} builds "
+                                 f"{', '.join(sorted(engine.markov_heads))} heads only ({where}).")]
 
 
 def refuse_own_flags(request: ServeRequest, label: str, own: tuple[str, ...]) -> None:
@@ -159,6 +168,7 @@ class Engine:
     plain: Callable[[ServeRequest], list[str]] | None = None  # the target alone: when a plan says do not speculate
     draft_length_setting: str = ""  # the flag or config field that sets the draft tokens per round
     threshold_setting: str | None = None  # the one that cuts a drafted block at a confidence threshold, if any
+    markov_heads: frozenset[str] = frozenset({"vanilla"})  # the Markov head types its loader builds
 
     def refuses(self, report: Report) -> list[Finding]:
         """The errors of validate's report that block this engine: all but the restrictions of other engines."""
@@ -168,11 +178,9 @@ class Engine:
         return [finding for finding in report.errors if finding.code not in others]
 
     def refuses_head(self, head_type: str) -> bool:
-        """Whether this engine refuses drafts with this Markov head type: validate's DSP012 (a head other than
-        vanilla) is kept by `refuses` for the engines that list it among their own codes."""
-        from dspark_cli.runtime.engines import ENGINE_ONLY_CODES
-
-        return head_type != "vanilla" and "DSP012" not in ENGINE_ONLY_CODES - self.own_codes
+        """Whether this engine's loader builds no Markov head of this type (`markov_heads`): its verdict refuses
+        such a draft (validate's DSP012 for vLLM and llama.cpp, the engine's own code for the others)."""
+        return head_type not in self.markov_heads
 
     def verdict(self, report: Report, config: DraftConfig | None) -> Verdict:
         """Serves / serves with losses / refuses: validate's errors it refuses plus its own rules (run only on a

@@ -41,6 +41,7 @@ from dspark_cli.runtime.engines.seam import (
     checked_pair,
     engine_finding,
     head_quantization,
+    head_type_finding,
     refuse_own_flags,
     refuse_vllm_only_settings,
 )
@@ -70,6 +71,7 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
                                                  "a full-vocabulary markov_w2."))
     if not config.has_markov and config.family != "dflash2":
         findings.append(engine_finding("DSP704", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
+    findings += head_type_findings(config)
     if config.family == "dflash2":
         notes.append("DFlash2: SGLang serves it with its DFLASH algorithm (a block of the anchor and N masks) and "
                      "needs the target's lm_head dense or of a quantization its selector supports.")
@@ -84,6 +86,25 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     return findings, notes
 
 
+def head_type_findings(config: DraftConfig) -> list[Finding]:
+    """DSP725: a Markov head type SGLang does not build, or none where its parse_dspark_draft_config reads one
+    (dspark_markov_head_type, dspark_config, text_config, the top level): with markov_rank > 0 it raises "DSpark
+    requires markov_head_type when markov_rank > 0" (unless the draft is bundled in a target by dspark_* keys),
+    where dspark assumes vanilla (DeepSpec writes the key)."""
+    if config.has_markov and head_type_read(config.raw) is None:
+        return [engine_finding("DSP725", "config.json has markov_rank > 0 but no markov_head_type where SGLang "
+                                         "reads it (the top level, dspark_config or text_config).")]
+    return head_type_finding(ENGINE, config, "DSP725", "dspark_config.py SUPPORTED_DSPARK_MARKOV_HEAD_TYPES")
+
+
+def head_type_read(raw: dict) -> str | None:
+    """markov_head_type as SGLang's parse_dspark_draft_config finds it, or None."""
+    nested = [raw.get(key) if isinstance(raw.get(key), dict) else {} for key in ("dspark_config", "text_config")]
+    found = (raw.get("dspark_markov_head_type"), nested[0].get("markov_head_type"),
+             (nested[1] or raw).get("markov_head_type"), raw.get("markov_head_type"))
+    return next((str(value).lower() for value in found if value is not None), None)
+
+
 def plan_serve(request: ServeRequest) -> ServePlan:
     """validate's header-only rules and SGLang's verdict on the pair, then the `sglang.launch_server` argv."""
     refuse_vllm_only_settings(request, ENGINE.label)
@@ -96,7 +117,7 @@ def plan_serve(request: ServeRequest) -> ServePlan:
         flags = {"speculative_algorithm": "DSPARK", "speculative_draft_model_path": pair.draft,
                  "speculative_dspark_block_size": block}
         if request.calibration is not None:
-            flags["speculative_dspark_confidence_sts_path"] = request.calibration
+            flags["speculative_dspark_confidence_sts_path"] = sts_file(request.calibration, pair.config, block)
     argv = [sys.executable, "-m", MODULE, "--model-path", pair.target]
     for key, value in flags.items():
         argv += ["--" + key.replace("_", "-"), str(value)]
@@ -117,6 +138,26 @@ def dflash_flags(draft: str, block: int, request: ServeRequest) -> dict:
             "speculative_num_draft_tokens": block + 1}
 
 
+def sts_file(path: str, config: DraftConfig, block: int) -> str:
+    """`path` when SGLang would read it as the draft's STS calibration (dspark_sts.py DSparkStsCalibration: a JSON
+    object with `temperatures`, all above 0; dspark reads one per drafted position) and use it (the draft has a
+    confidence head); DsparkError in one sentence otherwise: a missing file, a run file, another format."""
+    from pathlib import Path
+
+    from dspark_cli.runtime.io.reading import read_json_file
+    from dspark_cli.runtime.measure.calibration import MAX_STS_BYTES, check_temperatures, load_temperatures
+
+    if not config.enable_confidence_head:
+        raise DsparkError("the draft has no confidence head, so SGLang would not use an STS calibration file; drop "
+                          "the calibration.")
+    temperatures = load_temperatures(Path(path))  # missing, not JSON, no temperatures: one sentence
+    if "temperatures" not in read_json_file(Path(path), "calibration file", MAX_STS_BYTES, "give another file"):
+        raise DsparkError(f"{path} names its temperatures sts_temperatures only, and SGLang's DSparkStsCalibration "
+                          "reads the temperatures key; give a file written by `dspark calibrate`.")
+    check_temperatures(temperatures, block, path)
+    return path
+
+
 def sglang_installed() -> bool:
     """Whether this interpreter can import sglang (checked without importing it)."""
     return importlib.util.find_spec("sglang") is not None
@@ -135,5 +176,6 @@ ENGINE = Engine(
     layout="DeepSpec layout (slot k predicts anchor+k+1), full vocabulary, unquantized Markov head; Qwen3 backbone",
     reads="the draft and target folders; an STS temperatures file (the calibration option)",
     installed=sglang_installed, install_hint=INSTALL_HINT,
+    markov_heads=frozenset({"vanilla", "gated", "rnn"}),  # dspark_config.py SUPPORTED_DSPARK_MARKOV_HEAD_TYPES
     plain=plain_argv, draft_length_setting="--speculative-dspark-block-size",
 )

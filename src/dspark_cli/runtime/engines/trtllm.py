@@ -39,6 +39,7 @@ from dspark_cli.runtime.engines.seam import (
     checked_pair,
     engine_finding,
     head_quantization,
+    head_type_finding,
     refuse_own_flags,
     refuse_vllm_only_settings,
 )
@@ -60,7 +61,9 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
                                                  "selector)."))
     elif not config.has_markov:
         findings.append(engine_finding("DSP711", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
-    if config.has_markov and config.markov_head_type != "vanilla":
+    findings += head_type_finding(ENGINE, config, "DSP726", "llm_args.py DSparkDecodingConfig.markov_head_type, "
+                                  "modeling_speculative.py build_markov_head")
+    if config.has_markov and config.markov_head_type in ENGINE.markov_heads - {"vanilla"}:
         notes.append(f"{config.markov_head_type} Markov head: TensorRT-LLM's DSparkDecodingConfig accepts it "
                      "(markov_head_type vanilla | gated | rnn); not verified that a standalone drafter builds it.")
     if config.enable_confidence_head:
@@ -120,5 +123,6 @@ ENGINE = Engine(
     layout="a standalone DSpark drafter: DeepSpec-like GQA (Qwen3) backbone with a Markov head",
     reads="the draft and target folders, via the YAML (no STS or step-cost file from dspark)",
     installed=lambda: find_trtllm() is not None, install_hint=INSTALL_HINT,
+    markov_heads=frozenset({"vanilla", "gated", "rnn"}),  # llm_args.py Literal, build_markov_head
     plain=plain_argv, draft_length_setting="max_draft_len",
 )

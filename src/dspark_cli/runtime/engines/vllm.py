@@ -25,7 +25,7 @@ from dspark_cli.runtime.engines.seam import Engine, ServePlan, ServeRequest, che
 from dspark_cli.runtime.settings import resolve_block_size, resolve_draft_topk, trained_block_size
 
 VLLM = "vllm"
-DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method
+DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # SpeculativeConfig.draft_sample_method; dspark's default first
 INSTALL_HINT = ("vLLM is not installed here (no `vllm` on PATH): on a CUDA machine run `pip install vllm` "
                 "(a release with the 'dspark' speculative method), then run the command above.")
 OMNI_ARCHITECTURE = "Qwen3OmniDSparkModel"  # vLLM requires num_speculative_tokens == block_size for it
@@ -47,6 +47,9 @@ def plan_serve(request: ServeRequest) -> ServePlan:
         raise DsparkError("vLLM reads no STS calibration file (it takes a survival threshold, the from-plan "
                           "option); drop the calibration or serve with SGLang or TensorRT-LLM.")
     pair = checked_pair(request, ENGINE)
+    if request.confidence_threshold is not None and "DSP043" in pair.report.codes:
+        raise DsparkError("vLLM's Gemma-4 DSpark loader skips the confidence head (validate's DSP043), so it cannot "
+                          "cut blocks at a confidence threshold; plan without thresholds for vLLM.")
     spec, notes = speculative_config(pair.config, pair.draft, request)
     notes += stateful_target_notes(pair.target_config)
     return ServePlan(
@@ -87,7 +90,7 @@ def stateful_target_notes(target_config: dict) -> list[str]:
 
 
 def check_request(request: ServeRequest) -> None:
-    if request.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+    if request.draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
         raise DsparkError(f"the draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, "
                           f"got {request.draft_sample_method!r}.")
     for arg in request.engine_args:
@@ -124,7 +127,7 @@ def speculative_config(config: DraftConfig, model: str, request: ServeRequest) -
         "method": method,
         "model": model,
         "num_speculative_tokens": tokens,
-        "draft_sample_method": request.draft_sample_method,
+        "draft_sample_method": request.draft_sample_method or DRAFT_SAMPLE_METHODS[0],
     }
     topk = _draft_topk(config, request.draft_topk, method)
     if topk is not None:

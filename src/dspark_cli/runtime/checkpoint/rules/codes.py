@@ -137,6 +137,14 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
                "convert and serve the unquantized draft (before dspark quantize)"),
     "DSP723": ("llama.cpp", "draft without a Markov head (llama.cpp runs it as a DFlash draft, spec type "
                "draft-dflash, which dspark does not plan)", "serve it with vLLM (method dflash)"),
+    "DSP724": ("llama.cpp", "confidence head reading the hidden state alone (llama.cpp's conf_proj reads the hidden "
+               "and the Markov state; dspark convert refuses it)", "train the confidence head with "
+               "confidence_head_with_markov (dspark train's default), or serve with vLLM"),
+    "DSP725": ("SGLang", "Markov head type SGLang does not build (vanilla, gated, rnn), or none where SGLang reads "
+               "markov_head_type", "write markov_head_type (vanilla, gated or rnn) at the top level of config.json, "
+               "as DeepSpec does"),
+    "DSP726": ("TensorRT-LLM", "Markov head type TensorRT-LLM does not build (vanilla, gated, rnn)",
+               "retrain with a vanilla, gated or rnn Markov head"),
 }
 
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).
