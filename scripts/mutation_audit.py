@@ -9,7 +9,8 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), and quantized GGUFs with the acceptance guard (Q1-).
+model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk and training (F1-F8), quantized GGUFs with the acceptance guard (Q1-), and validate on
+GGUF files, the silent-degradation rules and the probe (R1-R7).
 """
 
 from __future__ import annotations
@@ -459,6 +460,31 @@ MUTATIONS = [
       [("earlier = F.pad(y[:, : L - tap], (0, 0, tap, 0))", "earlier = F.pad(y[:, : L - tap - 1], (0, 0, tap + 1, 0))")],
       "test_dflash2.py::test_grouped_conv_equals_the_reference"),
     m("F2", "the selector's pairwise term dropped (scores = the candidates' logits)", "model/selector.py",
+    # validate on GGUF files, the silent-degradation rules and the probe (R1-): tests/fixtures/misexport.py's corpus
+    m("R1", "validate's GGUF reader skips the +1 on layer ids", "checkpoint/gguf_read.py",
+      [("return [k - 1 for k in llamacpp_ids]", "return list(llamacpp_ids)")],
+      "test_validate_gguf.py::test_gguf_layer_ids_are_deepspec_ids_plus_one"),
+    m("R2", "the probe reads τ from the mean proposed length", "probe.py",
+      [("block_size=pair.block_size, tau=summary.tau,", "block_size=pair.block_size, tau=summary.mean_proposed,")],
+      "test_probe.py::test_demo_draft_is_not_flagged_and_tau_is_tokens_per_round"),
+    m("R3", "the probe reads τ from the draft acceptance rate", "probe.py",
+      [("block_size=pair.block_size, tau=summary.tau,",
+        "block_size=pair.block_size, tau=summary.draft_acceptance_rate,")],
+      "test_probe.py::test_demo_draft_is_not_flagged_and_tau_is_tokens_per_round"),
+    m("R4", "untrained norms: only all-ones caught, not zero spread", "checkpoint/rules/deep.py",
+      [("if len(values) < 2 or len(set(values)) != 1:", "if len(values) < 2 or set(values) != {1.0}:")],
+      "test_validate_gguf.py::test_misexported_folder_is_flagged"),
+    m("R5", "a GGUF without dflash.block_size read as llama.cpp's default 16 and passed", "checkpoint/rules/gguf.py",
+      [("out, value = Results(), draft.file.key(\"block_size\")",
+        "out, value = Results(), draft.file.key(\"block_size\") or 16")],
+      "test_validate_gguf.py::test_misexported_gguf_is_flagged"),
+    m("R6", "the GGUF vocabulary compared by count only", "checkpoint/rules/gguf.py",
+      [("differ = [i for i, token in target.tokens.items() if i < len(tokens) and tokens[i] != token]",
+        "differ = []")],
+      "test_validate_gguf.py::test_misexported_gguf_is_flagged"),
+    m("R7", "convert drops the window keys (a window-trained draft runs dense)", "convert/gguf.py",
+      [("    if window is not None:\n        writer.add_uint32", "    if False:\n        writer.add_uint32")],
+      "test_validate_gguf.py::test_convert_writes_the_window_keys"),
       [("return unary.float()[..., None, :] + self.pairwise(hidden, predecessors, ids)",
         "return unary.float()[..., None, :] + 0 * self.pairwise(hidden, predecessors, ids)")],
       "test_dflash2.py::test_selector_scores_equal_the_formula"),

@@ -49,7 +49,8 @@ def test_no_runtime_message_names_a_flag():
 # the shared modules; never a higher layer or a sibling folder of the same layer.
 LAYERS = [
     ("cli",),
-    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.regen", "runtime.session"),
+    ("runtime.train", "runtime.bench", "runtime.quantize", "runtime.convert", "runtime.regen", "runtime.session",
+     "runtime.probe"),
     ("runtime.pair",),
     ("runtime.engines",),
     ("runtime.decode", "runtime.measure"),

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from dspark_cli.runtime.checkpoint.rules import Report
 
 HELP = """Check a DSpark (or DFlash) draft checkpoint against every rule vLLM's loader applies, reading only
-config.json and the safetensors headers. Exit codes: 0 no errors, 1 errors found (or warnings with --strict),
-2 the checkpoint could not be read. Every finding code is documented in docs/validate.md."""
+config.json and the safetensors headers; a draft .gguf file against what llama.cpp's dflash model reads. --probe also
+decodes a few greedy prompts with the pair and measures τ. Exit codes: 0 no errors, 1 errors found (or warnings with
+--strict), 2 the checkpoint could not be read. Every finding code is documented in docs/validate.md."""
 
 SHOWN_PER_CODE = 10  # findings printed per code; the rest are counted (--json lists every one)
 STYLES = {"error": ("Errors", "bold red", "x"), "warning": ("Warnings", "bold yellow", "!"),
@@ -30,15 +31,21 @@ def register(app: typer.Typer) -> None:
 @render.handle_errors
 def validate(
     checkpoint: str = typer.Argument(
-        ..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder or a Hugging Face hub id."
+        ..., metavar="CHECKPOINT", help="Draft checkpoint: a local folder, a Hugging Face hub id or a llama.cpp "
+                                        "draft .gguf file."
     ),
     target: Optional[str] = typer.Option(
         None, "--target", "-t", metavar="TARGET",
-        help="Target model (folder, config.json or hub id); only its config.json is read.",
+        help="Target model (folder, config.json or hub id; for a .gguf draft, the target's .gguf or folder); only its "
+             "config and tokenizer are read.",
     ),
     revision: options.Revision = None,
     deep: bool = typer.Option(False, "--deep", help="Also load tensors one at a time to check their values."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+    probe: bool = typer.Option(False, "--probe", help="Also decode a few short greedy prompts with the pair (needs "
+                               "--target, loads both models) and report τ; a draft whose acceptance is near zero "
+                               "is an error (DSP608)."),
+    device: options.device() = "auto",
     json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
     engine: options.engine("Engine to judge the draft for: vllm (default), sglang, trtllm, llamacpp, or all (a verdict per "
                            "engine; docs/engines.md).", choices=(*options.ENGINE_NAMES, "all")) = "vllm",
@@ -51,6 +58,15 @@ def validate(
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]),
                       "--json file")
+    if probe and not target:
+        raise DsparkError("the probe decodes with the pair, so it needs the target option.")
+    from dspark_cli.runtime.checkpoint.gguf_read import is_gguf
+
+    if is_gguf(checkpoint):
+        if probe or engine not in ("vllm", "llamacpp"):
+            raise DsparkError("a .gguf draft is judged for llama.cpp only and dspark cannot decode with it; leave out "
+                              "the probe and engine options, or validate the draft's folder.")
+        validate_gguf_file(checkpoint, target, deep, strict, json_path)
     if deep:  # only --deep opens tensors with the safetensors library; headers are read by dspark itself
         require_utf8_path(checkpoint, "CHECKPOINT")
     try:
@@ -62,6 +78,7 @@ def validate(
             render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
                               "error": {"code": error.code, "message": error.message}}, json_path)
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
+    probed = run_probe(report, target, checkpoint, device) if probe else None
     exit_code = report.exit_code(strict)
     verdicts = engine_verdicts(engine, ckpt, report)
     if verdicts:
@@ -71,10 +88,48 @@ def validate(
         document = render.with_flags(report.to_dict())  # the JSON names flags as the printed report does
         if verdicts:
             document["engines"] = {v.engine: render.with_flags(v.to_dict()) for v in verdicts}
+        if probed is not None:
+            document["probe"] = probed.to_dict()
         render.emit_json({**document, "strict": strict, "exit_code": exit_code}, json_path)
     if not options.to_stdout(json_path):
-        print_report(report, strict, exit_code, verdicts)
+        print_report(report, strict, exit_code, verdicts, probed)
     raise typer.Exit(exit_code)
+
+
+def validate_gguf_file(checkpoint: str, target: Optional[str], deep: bool, strict: bool, json_path) -> None:
+    """A llama.cpp draft GGUF: the GGUF rules (rules/gguf.py), the same report, JSON and exit codes as a folder's."""
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.checkpoint.read import CheckpointError
+    from dspark_cli.runtime.checkpoint.rules.gguf import validate_gguf
+
+    try:
+        report = validate_gguf(checkpoint, target, deep=deep)
+    except CheckpointError as error:
+        if json_path is not None:
+            render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
+                              "error": {"code": error.code, "message": error.message}}, json_path)
+        raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
+    exit_code = report.exit_code(strict)
+    if json_path is not None:
+        render.emit_json({**render.with_flags(report.to_dict()), "strict": strict, "exit_code": exit_code}, json_path)
+    if not options.to_stdout(json_path):
+        print_report(report, strict, exit_code)
+    raise typer.Exit(exit_code)
+
+
+def run_probe(report: "Report", target: str, checkpoint: str, device: str):
+    """--probe: τ measured with the pair; its finding (DSP608) joins the report's. Skipped when the draft has errors
+    (it would not load as trained)."""
+    from dspark_cli.runtime.checkpoint.rules.codes import SkippedCheck, sort_findings
+    from dspark_cli.runtime.probe import probe, probe_findings
+
+    if report.errors:
+        report.skipped.append(SkippedCheck("DSP608", "the probe runs only on a draft without errors"))
+        return None
+    with render.console.status("probing: greedy prompts through the pair"):
+        result = probe(target, checkpoint, device=device)
+    report.findings = sort_findings(report.findings + probe_findings(result))
+    return result
 
 
 def engine_verdicts(name: str, ckpt, report: "Report") -> list:
@@ -102,10 +157,15 @@ def engine_table(verdicts: list) -> Table:
     return table
 
 
-def print_report(report: "Report", strict: bool, exit_code: int, verdicts: list = ()) -> None:
+def print_report(report: "Report", strict: bool, exit_code: int, verdicts: list = (), probed=None) -> None:
     console = render.console
     console.print(Text.assemble(("dspark validate ", "bold"), report.source))
     console.print(resolved_table(report.resolved))
+    if probed is not None:
+        rate = "-" if probed.draft_acceptance_rate is None else f"{probed.draft_acceptance_rate:.0%}"
+        console.print(Text(f"probe: τ {probed.tau:.2f}, draft acceptance {rate}, {probed.rounds} rounds, "
+                           f"{probed.new_tokens} tokens from {probed.prompts} greedy prompts (block "
+                           f"{probed.block_size})"))
     for severity, (title, style, mark) in STYLES.items():
         findings = [f for f in report.findings if f.severity == severity]
         if not findings:
@@ -152,6 +212,8 @@ def resolved_table(resolved: dict) -> Table:
 
 def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
     """The values vLLM would resolve, each with the config key it came from."""
+    if resolved.get("format") == "gguf-dflash":
+        return gguf_rows(resolved)
     rows = [("format", str(resolved.get("format")))]
     if "mask_token" not in resolved:
         return rows + [("architecture", str(resolved.get("architecture")))]
@@ -179,6 +241,25 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def gguf_rows(resolved: dict) -> list[tuple[str, str]]:
+    """What llama.cpp reads from a draft GGUF (rules/gguf.py resolved)."""
+    ids = resolved["target_layer_ids"]
+    return [
+        ("format", "llama.cpp dflash GGUF"),
+        ("architecture", str(resolved["architecture"])),
+        ("target layers", f"{resolved['target_layers']} (dflash.target_layers: layer inputs)"
+                          + (f" = target_layer_ids {ids}" if ids is not None else "")),
+        ("block size", str(resolved["block_size"])),
+        ("sample_from_anchor", str(resolved["sample_from_anchor"])),
+        ("mask token", str(resolved["mask_token_id"])),
+        ("vocab", f"{resolved['tokens']} tokens"),
+        ("markov head", f"rank {resolved['markov_rank']}" if resolved["markov_rank"] else "none"),
+        ("confidence", str(resolved["confidence_head"])),
+        ("sliding window", str(resolved["sliding_window"] or "none")),
+        ("weights", f"{resolved['tensors']} tensors"),
+    ]
+
+
 def verdict_line(verdicts: list, exit_code: int) -> Text:
     serving = [v.label for v in verdicts if not v.refused]
     if not serving:
@@ -188,9 +269,10 @@ def verdict_line(verdicts: list, exit_code: int) -> Text:
 
 def summary_line(report: "Report", strict: bool, exit_code: int) -> Text:
     counts = f"{len(report.errors)} errors, {len(report.warnings)} warnings, {len(report.infos)} info"
+    engine = "llama.cpp" if report.format == "gguf-dflash" else "vLLM"
     if report.errors:
-        return Text(f"x {counts}: vLLM would fail to load or mis-serve this draft (exit {exit_code}).", "bold red")
+        return Text(f"x {counts}: {engine} would fail to load or mis-serve this draft (exit {exit_code}).", "bold red")
     if strict and report.warnings:
         return Text(f"! {counts}: warnings fail with --strict (exit {exit_code}).", "bold yellow")
-    return Text(f"ok {counts}: vLLM can load this draft (exit {exit_code}).", "bold green")
+    return Text(f"ok {counts}: {engine} can load this draft (exit {exit_code}).", "bold green")
 

@@ -25,6 +25,7 @@ from typing import Any
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.fingerprint import SOURCE_KEY, folder_fingerprint
+from dspark_cli.runtime.checkpoint.gguf_read import LAYER_IDS_KEY
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
 from dspark_cli.runtime.convert import dflash2_gguf
@@ -113,9 +114,19 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
         return confidence
     if not config.layer_ids:
         return "its config names no target_layer_ids"
+    if _window_missing(config):
+        return "its layer_types has sliding_attention layers but it names no window size (sliding_window)"
     if dflash2 is not None:
         return dflash2_gguf.startup_refusal(dflash2, config.hidden_size, config.block_size.value)
     return None
+
+
+def _window_missing(config: DraftConfig) -> bool:
+    types, view = config.vllm_config.get("layer_types"), config.vllm_config
+    dflash = view.get("dflash_config") if isinstance(view.get("dflash_config"), dict) else {}
+    window = dflash.get("swa_window_size") or view.get("sliding_window")
+    sliding = (isinstance(types, list) and "sliding_attention" in types) or bool(dflash.get("use_swa"))
+    return sliding and not (isinstance(window, int) and not isinstance(window, bool) and window > 0)
 
 
 def write_source(writer, ckpt: Checkpoint) -> None:
@@ -123,6 +134,28 @@ def write_source(writer, ckpt: Checkpoint) -> None:
     source = folder_fingerprint(ckpt.local_dir) if ckpt.local_dir is not None else None
     if source is not None:
         writer.add_string(SOURCE_KEY, source)
+
+
+def window_keys(config: DraftConfig) -> tuple[int, list[bool]] | None:
+    """The sliding window and which layers use it (config.json's sliding_window or dflash_config.swa_window_size,
+    and layer_types), as llama.cpp's dflash model reads them (src/models/dflash.cpp load_arch_hparams:
+    `dflash.attention.sliding_window`, then `dflash.attention.sliding_window_pattern`, one bool per layer); None for a
+    draft whose layers are all full attention."""
+    view = config.vllm_config
+    types = view.get("layer_types")
+    dflash = view.get("dflash_config") if isinstance(view.get("dflash_config"), dict) else {}
+    if dflash.get("use_swa"):  # vLLM: use_swa makes every layer sliding
+        types = ["sliding_attention"] * config.num_hidden_layers
+    if not isinstance(types, list) or "sliding_attention" not in types:
+        return None
+    return int(dflash.get("swa_window_size") or view.get("sliding_window")), [t == "sliding_attention" for t in types]
+
+
+def write_window(writer, config: DraftConfig) -> None:
+    window = window_keys(config)
+    if window is not None:
+        writer.add_uint32(f"{ARCH}.attention.sliding_window", window[0])
+        writer.add_array(f"{ARCH}.attention.sliding_window_pattern", window[1])
 
 
 def llamacpp_target_layers(layer_ids: list[int]) -> list[int]:
@@ -156,6 +189,8 @@ def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpo
     writer.add_float32(f"{ARCH}.rope.freq_base", config.rope_theta)
     writer.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_array(f"{ARCH}.target_layers", llamacpp_target_layers(config.layer_ids))
+    writer.add_array(LAYER_IDS_KEY, list(config.layer_ids))  # DeepSpec's ids: validate checks the +1 against them
+    write_window(writer, config)
     dflash2 = dflash2_gguf.dflash2_keys(config.raw)
     if dflash2 is None:
         writer.add_bool(f"{ARCH}.sample_from_anchor", config.sample_from_anchor)

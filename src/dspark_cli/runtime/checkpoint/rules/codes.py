@@ -2,7 +2,8 @@
 
 `CODES` is the single registry: code → (severity, title); docs/validate.md documents each code. Groups:
 DSP0xx config, DSP1xx vLLM load errors, DSP2xx tensors, DSP3xx NVFP4, DSP4xx files, DSP5xx read errors (raised
-as CheckpointError, exit 2), DSP6xx deep value checks. `ENGINE_CODES` (DSP7xx) are the restrictions of one serving
+as CheckpointError, exit 2), DSP6xx deep value checks, DSP8xx GGUF files (a llama.cpp `dflash` draft GGUF checked by
+rules/gguf.py; DSP801 is its read error, exit 2). `ENGINE_CODES` (DSP7xx) are the restrictions of one serving
 engine other than vLLM: evaluated by that engine's module (runtime/engines/), never by `validate_checkpoint`.
 """
 
@@ -59,6 +60,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP045": (ERROR, "Gemma-4 feature DeepSpec and vLLM drafts do not have"),
     "DSP046": (WARNING, "vLLM soft-caps the Gemma-4 Markov bias, DeepSpec does not"),
     "DSP047": (ERROR, "Gemma-4 full-attention geometry not uniform or not stated"),
+    "DSP048": (WARNING, "use_sliding_window without sliding layers: runs dense"),
     # DFlash2 drafts (checkpoint/families/dflash2.py: vLLM's qwen3_dflash2.py and llama.cpp's start-up refusals)
     "DSP060": (ERROR, "DFlash2 key missing from dflash_config or not a positive integer"),
     "DSP061": (ERROR, "DFlash2 hidden size not divisible by conv_group_size"),
@@ -114,6 +116,22 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP604": (ERROR, "d2t maps two draft ids to one target id"),
     "DSP605": (ERROR, "NVFP4 block scales not finite and non-negative"),
     "DSP606": (ERROR, "NVFP4 weight_scale_2 not finite and positive"),
+    "DSP607": (WARNING, "untrained norm (every element exactly 1, or all equal)"),
+    "DSP608": (ERROR, "the probe: acceptance near zero, decoding slower with this draft"),
+    # GGUF files (rules/gguf.py: what llama.cpp b11434 reads from a dflash draft GGUF)
+    "DSP802": (ERROR, "GGUF architecture is not dflash"),
+    "DSP803": (ERROR, "GGUF key llama.cpp requires missing"),
+    "DSP804": (ERROR, "GGUF tensor llama.cpp requires missing or of another shape"),
+    "DSP805": (ERROR, "GGUF block size missing or not positive (llama.cpp drafts 16)"),
+    "DSP806": (ERROR, "GGUF target layers malformed or without the +1"),
+    "DSP807": (ERROR, "GGUF draft does not fit the target's depth or width"),
+    "DSP808": (ERROR, "GGUF target layers differ from the converted folder's plus one"),
+    "DSP809": (WARNING, "GGUF without sample_from_anchor (llama.cpp assumes true)"),
+    "DSP810": (ERROR, "GGUF mask token missing or outside the vocabulary"),
+    "DSP811": (ERROR, "GGUF vocabulary differs from the target's"),
+    "DSP812": (ERROR, "GGUF window keys a runtime would miss or refuse"),
+    "DSP813": (ERROR, "GGUF Markov or confidence tensor of an integer type"),
+    "DSP814": (WARNING, "GGUF has_confidence_head contradicts its tensors"),
 }
 
 # Restrictions of one serving engine (runtime/engines/<engine>.py evaluates them on a sound draft): code -> (engine
@@ -164,6 +182,7 @@ READ_ERRORS: dict[str, str] = {
     "DSP512": "target config lacks vocab_size, hidden_size or num_hidden_layers",
     "DSP513": "safetensors data section with gaps or trailing bytes",
     "DSP514": "tensor data could not be loaded (the deep option)",
+    "DSP801": "GGUF file malformed or truncated",
 }
 
 

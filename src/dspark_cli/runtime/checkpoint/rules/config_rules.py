@@ -214,6 +214,13 @@ def sliding_window(ctx: RuleContext) -> Results:
                     "'DFlash sliding attention requires a window size configured in "
                     "dflash_config.swa_window_size or the top-level sliding_window'.",
                     "Set sliding_window (or dflash_config.swa_window_size), or make every layer full_attention.")
+    sliding = (isinstance(types, list) and "sliding_attention" in types) or as_dict(view.get("dflash_config")).get("use_swa")
+    if view.get("use_sliding_window") and not sliding:
+        out.add("DSP048", f"use_sliding_window is true (window {view.get('sliding_window')!r}) but no layer is "
+                "sliding_attention in layer_types; vLLM and llama.cpp take the sliding layers from layer_types (or "
+                "dflash_config.use_swa) only, so every layer runs dense, not as the draft was trained.",
+                "Mark the windowed layers sliding_attention in layer_types, or remove use_sliding_window if the draft "
+                "was trained dense.")
     return out
 
 

@@ -1,4 +1,5 @@
-"""Deep value checks (DSP6xx, only with `deep`): NaN/Inf and all-zero weights, NVFP4 scales, the d2t map.
+"""Deep value checks (DSP6xx, only with `deep`): NaN/Inf and all-zero weights, untrained norms, NVFP4 scales, the
+d2t map.
 
 The one rule family that reads tensor data: each tensor with a value rule is loaded alone, in file order, so
 memory stays at one tensor. Runs on every checkpoint, draft or not.
@@ -18,7 +19,7 @@ def tensor_values(ctx: RuleContext) -> Results:
     """Load each tensor that has a value rule, one at a time, in file order."""
     out = Results()
     if not ctx.deep:
-        out.skip("DSP601-DSP606", "tensor values are checked only with the deep option")
+        out.skip("DSP601-DSP607", "tensor values are checked only with the deep option")
         return out
     for info in sorted(ctx.on_disk.values(), key=lambda i: (i.file, i.begin)):
         is_global_scale = info.name.endswith(".weight_scale_2") and info.dtype == "F32"
@@ -77,6 +78,20 @@ def _float_values(info: TensorInfo, tensor) -> Results:
     if tensor.dim() == 2 and tensor.numel() and _count(tensor, lambda t: t != 0) == 0:
         out.add("DSP602", f"{info.name} {list(info.shape)} is all zeros.",
                 "Check that the trained weights were saved (an untrained or unsaved layer drafts nothing useful).")
+    if tensor.dim() == 1 and info.name.endswith("norm.weight"):
+        out += untrained_norm(info.name, tensor.float().tolist())
+    return out
+
+
+def untrained_norm(name: str, values: list[float]) -> Results:
+    """DSP607: an RMSNorm weight still at its initial value (every element exactly 1) or with no spread at all (every
+    element equal): a preview export of a draft whose norms were never trained, or never saved."""
+    out = Results()
+    if len(values) < 2 or len(set(values)) != 1:
+        return out
+    what = "every element is exactly 1.0, its initial value" if values[0] == 1.0 else f"every element is {values[0]}"
+    out.add("DSP607", f"{name} is untrained: {what}.",
+            "Export the trained weights (a draft with untrained norms drafts tokens the target rarely accepts).")
     return out
 
 
