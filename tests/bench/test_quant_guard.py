@@ -5,6 +5,7 @@ with nothing written while a Q8_0 draft passes."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -96,3 +97,17 @@ def test_real_guard_passes_q8_0_and_refuses_zero_scales(tmp_path, guard_args, mo
     assert result.exit_code == 2, result.output
     assert "lost too much acceptance" in result.output and "unquantized" in result.output
     assert not broken.exists() and not list(tmp_path.glob(".broken*"))
+
+
+@needs_llamacpp
+def test_the_output_may_not_replace_the_guards_target(tmp_path, demo_ggufs):
+    """Refused before any work (the guard would pass and --force would replace the target it served)."""
+    target_gguf = tmp_path / "target.gguf"
+    shutil.copyfile(demo_ggufs[0], target_gguf)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def main():\n")
+    result = CliRunner().invoke(app, ["convert", str(DRAFT), "-o", str(target_gguf), "--to", "gguf", "--target",
+                                      str(TARGET), "--outtype", "q8_0", "--force", "--guard-prompts", str(prompts),
+                                      "--guard-target", str(target_gguf), "--guard-tokens", "4"])
+    assert result.exit_code == 2, result.output
+    assert target_gguf.read_bytes() == demo_ggufs[0].read_bytes()

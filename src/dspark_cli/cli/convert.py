@@ -124,7 +124,9 @@ def _quantized(draft: str, out: Path, target: str | None, force: bool, quant: Qu
         return {**summary, "line": _quantized_line(summary)}
     if not target:
         raise DsparkError("a GGUF takes its tokenizer from the target, so the target option must name its folder.")
-    inputs = local_inputs("draft", [draft]) + local_inputs("target", [target])
+    inputs = (local_inputs("draft", [draft]) + local_inputs("target", [target])
+              + local_inputs("--guard-prompts file", [quant.guard_prompts])
+              + local_inputs("--guard-target file", [quant.guard_target]))
     summary = convert_quantized(lambda path: convert_to_gguf(draft, path, target=target, force=True), out,
                                 quant.outtype, inputs, force, quant.leave_output, _guard(draft, target, quant))
     return {**summary, "line": _quantized_line(summary)}
