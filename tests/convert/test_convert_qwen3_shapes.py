@@ -114,6 +114,31 @@ def test_wrongly_typed_config_values_are_one_sentence(qwen3, tmp_path, changes, 
     assert "Traceback" not in result.output and not out.exists()
 
 
+@pytest.mark.parametrize(("name", "changes", "said"), [
+    ("tokenizer.json", {"pre_tokenizer": "ByteLevel"}, "pre_tokenizer is 'ByteLevel' (an object or null"),
+    ("tokenizer.json", {"added_tokens": [{"content": "<think>", "special": False}]}, "added_tokens is not a list"),
+    ("tokenizer.json", {"post_processor": 3}, "post_processor is 3"),
+    ("tokenizer.json", {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a"]]}}, "model.merges has an"),
+    ("tokenizer_config.json", {"chat_template": ["{{ messages }}"], "add_bos_token": "yes"}, None),
+])
+def test_wrongly_typed_tokenizer_values_are_one_sentence(qwen3, tmp_path, name, changes, said):
+    """tokenizer.json's values are checked by type before they are read: a wrong type is one sentence naming the
+    file and the key (exit 2); tokenizer_config.json's values of another type are not used (no default template,
+    add_bos from the post-processor)."""
+    target = _changed(qwen3, tmp_path, name, **changes)
+    out = tmp_path / "out.gguf"
+    result = CliRunner().invoke(app, ["convert", str(target), "-o", str(out), "--to", "gguf"])
+    if said is None:
+        assert result.exit_code == 0, result.output
+        reader = gguf.GGUFReader(out)
+        assert _value(reader, "tokenizer.chat_template") is None
+        assert _value(reader, "tokenizer.ggml.add_bos_token") is False
+        return
+    assert result.exit_code == 2 and "Traceback" not in result.output and not out.exists(), result.output
+    text = " ".join(result.output.split())
+    assert "tokenizer.json cannot be read: " in text and said in text
+
+
 @needs_llamacpp
 def test_real_llamacpp_tokenizes_and_decodes_as_transformers(tmp_path):
     """The real llama-server on the converted file: /tokenize with the special tokens added equals the HF

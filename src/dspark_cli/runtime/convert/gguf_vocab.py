@@ -69,7 +69,7 @@ def read_vocab(model_dir: Path, vocab_size: int) -> Vocab:
         raise DsparkError(f"{model_dir} has no tokenizer.json; the GGUF's tokenizer is read from it, so pass the "
                           "folder that holds it.")
     tokenizer = read_json(path, "tokenizer.json")
-    tokenizer = tokenizer if isinstance(tokenizer, dict) else {}
+    check_types(path, tokenizer)
     config = _json_or_empty(model_dir / "tokenizer_config.json")
     model = tokenizer.get("model") or {}
     _check_bpe(path, tokenizer, model)
@@ -86,6 +86,39 @@ def read_vocab(model_dir: Path, vocab_size: int) -> Vocab:
         add_bos=_flag(config, "add_bos_token", bos_eos[0]), add_eos=_flag(config, "add_eos_token", bos_eos[1]),
         chat_template=_chat_template(model_dir, config),
     )
+
+
+def check_types(path: Path, tokenizer: Any) -> None:
+    """The values of tokenizer.json this module reads, by type (as the tokenizers library, and so transformers,
+    reads them): one sentence naming the key, not a traceback from the code after it."""
+    def problem() -> str | None:
+        if not isinstance(tokenizer, dict):
+            return "it is not a JSON object"
+        for key in ("normalizer", "pre_tokenizer", "post_processor"):
+            if tokenizer.get(key) is not None and not isinstance(tokenizer[key], dict):
+                return f"{key} is {tokenizer[key]!r} (an object or null is needed)"
+        added = tokenizer.get("added_tokens", [])
+        if not isinstance(added, list) or not all(isinstance(t, dict) and _is_id(t.get("id"))
+                                                  and isinstance(t.get("content"), str) for t in added):
+            return "added_tokens is not a list of objects with an integer id and a string content"
+        model = tokenizer.get("model")
+        if not isinstance(model, dict):
+            return f"model is {model!r} (an object is needed)"
+        vocab, merges = model.get("vocab"), model.get("merges")
+        if isinstance(vocab, dict) and not all(_is_id(index) for index in vocab.values()):
+            return "model.vocab has an id that is not a non-negative integer"
+        if isinstance(merges, list) and not all(isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(
+                isinstance(part, str) for part in m)) for m in merges):
+            return "model.merges has an entry that is neither \"a b\" nor [\"a\", \"b\"]"
+        return None
+
+    found = problem()
+    if found:
+        raise DsparkError(f"{path} cannot be read: {found}; fix that value or re-download the tokenizer.")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def write_vocab(writer, vocab: Vocab) -> None:
@@ -222,7 +255,8 @@ def _chat_template(model_dir: Path, config: dict) -> str | None:
     """tokenizer_config.json's chat_template (the "default" one of a list), else chat_template.jinja."""
     template = config.get("chat_template")
     if isinstance(template, list):
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
     if isinstance(template, str):
         return template
     path = model_dir / "chat_template.jinja"
