@@ -508,6 +508,23 @@ MUTATIONS = [
     m("F8", "the selector's confidence the top-1 share's complement", "decode/selector.py",
       [("return -torch.logsumexp(others, dim=-1)", "return torch.logsumexp(others, dim=-1)")],
       "test_dflash2.py::test_greedy_walk_equals_the_lattice_walk"),
+    # issue 36 (X1-X5): bench audit, a live engine's speculative output against its plain output
+    m("X1", "the audit compares only the first 8 generated tokens", "bench/audit.py",
+      [("for position, (a, b) in enumerate(zip(ours, theirs)):",
+        "for position, (a, b) in enumerate(zip(ours[:8], theirs[:8])):")],
+      "test_audit.py::test_a_token_changed_after_the_first_block_is_found_where_it_is"),
+    m("X2", "the T > 0 check samples the plain server for both sides", "bench/audit.py",
+      [("drawn[role] = sample_tokens(servers[role], context,", "drawn[role] = sample_tokens(servers[\"plain\"], context,")],
+      "test_audit.py::test_the_distribution_check_passes_for_one_sampler_and_fails_for_a_dropped_top_p"),
+    m("X3", "a difference passed over as a near tie whatever the reference's margin", "bench/audit.py",
+      [("    if max(margins) > tie_margin:\n", "    if max(margins) > float(\"inf\"):\n")],
+      "test_audit.py::test_a_near_tie_of_the_reference_is_passed_over_and_a_clear_difference_is_not"),
+    m("X4", "a prompt whose drafts were all rejected called identical, not inconclusive", "bench/audit.py",
+      [("if self.drafted == 0 or self.accepted == 0 or", "if self.drafted == 0 or")],
+      "test_audit.py::test_a_drafter_that_accepts_nothing_is_inconclusive_but_a_difference_still_differs"),
+    m("X5", "both servers sampled with the same seeds (the two samples not independent)", "bench/audit.py",
+      [("return [(base + 2 * i + side) % SEED_LIMIT", "return [(base + 2 * i) % SEED_LIMIT")],
+      "test_audit.py::test_the_distribution_check_passes_for_one_sampler_and_fails_for_a_dropped_top_p"),
 ]
 
 
