@@ -1,15 +1,16 @@
 """The demo pair on the real llama.cpp (b11434) and on dspark: same prompts, greedy, same token ids?
 
-Converts the demo pair with `dspark convert --to gguf`'s library half (the target and the draft;
-scripts/llamacpp_server.py does both and starts the server), starts `llama-server` twice (the target alone, then
-with the draft under `--spec-type draft-dspark`, the argv of engines/llamacpp.py). The target's server tokenizes each
+Converts the demo pair with `dspark convert --to gguf`'s library half (the target and the draft, the demo's or
+`--draft FOLDER` for the demo target, a DFlash2 draft among them; scripts/llamacpp_server.py does both and starts the
+server), starts `llama-server` twice (the target alone, then with the draft under the flags of engines/llamacpp.py:
+`--spec-type draft-dspark`, or `draft-dflash` for a DFlash2 draft). The target's server tokenizes each
 prompt's text (/tokenize, no special tokens), compared with the HF tokenizer's ids; each prompt is then sent as
 token ids (temperature 0, ignore_eos, a fixed n_predict, return_tokens) and the completions' token ids are compared
 with the target alone in dspark (`Pair.baseline`, what `dspark generate --baseline` runs) and with `Pair.generate`
 (greedy, no stop token) on the same ids. Acceptance: llama.cpp's timings.draft_n_accepted / draft_n (tools/server/
 server-common.cpp); dspark's accepted / proposed draft tokens over all rounds.
 
-    python scripts/llamacpp_check.py [--bin-dir DIR] [--prompts 8] [--n-predict 64] [--json report.json]
+    python scripts/llamacpp_check.py [--bin-dir DIR] [--draft FOLDER] [--prompts 8] [--n-predict 64] [--json F]
 
 Exit code 0 when every prompt tokenized alike and gave identical tokens in all four runs, 1 otherwise.
 """
@@ -24,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import llamacpp_server
-from llamacpp_server import demo_gguf, dspark_spec_args, llama_server
+from llamacpp_server import dspark_spec_args, llama_server, pair_gguf
 
 
 # Texts that tell pre-tokenizers apart (contractions, digit runs, whitespace runs before letters and at the end,
@@ -64,18 +65,18 @@ def complete(url: str, ids: list[int], n_predict: int) -> dict:
 
 
 def run_llamacpp(server: Path, target: Path, draft: Path | None, prompts: list[list[int]], n_predict: int,
-                 log: Path, texts: list[str] = ()) -> tuple[list[dict], list[list[int]]]:
-    """The completions of the prompts' ids, and llama.cpp's ids for `texts`."""
-    with llama_server(target, draft, log=log, server=server) as url:
+                 log: Path, texts: list[str] = (), spec: list[str] | None = None) -> tuple[list[dict], list[list[int]]]:
+    """The completions of the prompts' ids (the draft under `spec`, its speculative flags), and llama.cpp's ids for
+    `texts`."""
+    with llama_server(target, draft, log=log, server=server, spec=spec) as url:
         return [complete(url, ids, n_predict) for ids in prompts], [tokenize(url, text) for text in texts]
 
 
-def run_dspark(prompts: list[list[int]], n_predict: int) -> list[dict]:
+def run_dspark(prompts: list[list[int]], n_predict: int, draft: Path) -> list[dict]:
     from dspark_cli.runtime.demo import DEMO_DIR
     from dspark_cli.runtime.pair import Pair
 
-    pair = Pair.check(str(DEMO_DIR / "target"), str(DEMO_DIR / "draft"), device="cpu", temperature=0.0).load(
-        progress=False)
+    pair = Pair.check(str(DEMO_DIR / "target"), str(draft), device="cpu", temperature=0.0).load(progress=False)
     out = []
     for ids in prompts:
         result = pair.generate(ids, max_new_tokens=n_predict, stop_ids=())
@@ -117,6 +118,7 @@ def report(prompts, plain, spec, ours, llamacpp_ids, split_ids: list[bool]) -> d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin-dir", type=Path, default=llamacpp_server.SERVER.parent)
+    parser.add_argument("--draft", type=Path, help="a draft folder for the demo target (default: the demo draft)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--json", type=Path)
@@ -125,19 +127,22 @@ def main() -> int:
     from dspark_cli.runtime.pair import load_tokenizer
 
     tokenizer = load_tokenizer(str(DEMO_DIR / "target"))
+    draft_folder = args.draft or DEMO_DIR / "draft"
+    spec = dspark_spec_args(str(draft_folder))
     texts = demo_prompts(args.prompts)
     prompts = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = args.bin_dir / "llama-server"
-        target, draft = demo_gguf(work)
+        target, draft = pair_gguf(DEMO_DIR / "target", draft_folder, work)
         plain, llamacpp_ids = run_llamacpp(server, target, None, prompts, args.n_predict, work / "plain.log",
                                            texts + SPLIT_TEXTS)
-        spec, _ = run_llamacpp(server, target, draft, prompts, args.n_predict, work / "spec.log")
+        drafted, _ = run_llamacpp(server, target, draft, prompts, args.n_predict, work / "spec.log", spec=spec)
     split_ids = [theirs == tokenizer.encode(text, add_special_tokens=False)
                  for text, theirs in zip(SPLIT_TEXTS, llamacpp_ids[len(texts):])]
-    result = report(prompts, plain, spec, run_dspark(prompts, args.n_predict), llamacpp_ids[:len(texts)], split_ids)
-    result["spec_args"] = dspark_spec_args()
+    ours = run_dspark(prompts, args.n_predict, draft_folder)
+    result = report(prompts, plain, drafted, ours, llamacpp_ids[:len(texts)], split_ids)
+    result["spec_args"] = spec
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -103,3 +103,24 @@ def test_qwen2_target_greedy_equals_transformers(tmp_path):
             with torch.no_grad():
                 ours = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
             assert complete(url, ids, 24)["tokens"] == ours[0, len(ids):].tolist(), text
+
+
+def test_dflash2_draft_in_llamacpp_matches_dspark(tmp_path):
+    """A DFlash2 draft for the demo target (random weights, tests/fixtures/dflash2_hf.py) as dspark's GGUF under
+    llama.cpp's draft-dflash (scripts/llamacpp_check.py --draft): llama-server drafts with it and its tokens equal the
+    target alone, dspark's baseline and dspark's DFlash2 drafting; the acceptance rates agree within 0.03."""
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    from dflash2_hf import write_dflash2_draft
+
+    draft, out = write_dflash2_draft(tmp_path / "dflash2"), tmp_path / "report.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/llamacpp_check.py"), "--draft", str(draft), "--prompts",
+                          "2", "--n-predict", "16", "--json", str(out)], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.is_file(), run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["spec_args"] == ["--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    for row in report["prompts"]:
+        assert row["identical_plain_vs_spec"] and row["identical_spec_vs_dspark"], row
+        assert row["llamacpp_draft_n"] > 0 and row["dspark_proposed"] > 0, row
+    assert abs(report["acceptance_llamacpp"] - report["acceptance_dspark"]) < 0.03
+    assert run.returncode == 0

@@ -14,7 +14,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.families import FAMILIES, family_for
 from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
-DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model"}
+DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model", "DFlash2DraftModel"}
 OTHER_DSPARK_FAMILIES = {"Qwen3OmniDSparkModel", "K3DSparkModel", "Qwen3VLDSparkModel", "DSparkV41DraftModel"}
 DEEPSEEK_V4_MODEL_TYPES = {"deepseek_v4", "deepseek_v41"}
 
