@@ -392,7 +392,7 @@ MUTATIONS = [
       [("(x - offset[:, None])), 0, 15)", "(x - lowest[:, None])), 0, 15)")],
       "test_gguf_quant.py::test_files_equal_llama_quantize_pure"),
     # issue 37 (trust, round 5), class 3: what each engine loads, one rule per engine for validate, serve and convert
-    # (K1-K9); class 4: drafts for every Gemma-4 target (J1-J4)
+    # (K1-K11); class 4: drafts for every Gemma-4 target (J1-J4)
     m("K1", "llama.cpp's verdict not using the converter's confidence rule", "engines/llamacpp.py",
       [("confidence = conf_proj_refusal(config, config.enable_confidence_head)", "confidence = None")],
       "test_engine_loads.py::test_llamacpp_verdict_and_the_gguf_converter_apply_one_confidence_rule"),
@@ -424,6 +424,12 @@ MUTATIONS = [
     m("K9", "serve sglang passing any --calibration file as the STS path", "engines/sglang.py",
       [("= sts_file(request.calibration, pair.config, block)", "= request.calibration")],
       "test_engine_loads.py::test_sglang_takes_only_an_sts_file_it_reads_for_a_head_that_uses_it"),
+    m("K10", "a do-not-speculate plan dropping the draft's options silently", "../cli/serve.py",
+      [("        refuse_draft_options(from_plan, draft_topk", "        (lambda *a, **k: None)(from_plan, draft_topk")],
+      "test_engine_loads.py::test_a_plan_that_says_do_not_speculate_refuses_the_options_of_the_draft"),
+    m("K11", "vLLM taking a threshold for a Gemma-4 draft whose confidence head its loader skips", "engines/vllm.py",
+      [('and "DSP043" in pair.report.codes:', 'and "DSP043" in pair.report.codes and False:')],
+      "test_engine_loads.py::test_vllm_refuses_a_threshold_its_gemma4_loader_could_not_apply"),
     m("J1", "a Gemma-4 draft config inheriting hidden_size_per_layer_input", "checkpoint/families/gemma4.py",
       [('    "hidden_size_per_layer_input": 0,  # per-layer input embeddings (E2B / E4B)\n', "")],
       "test_train_families.py::test_every_gemma4_variant_gets_a_draft_validate_vllm_and_generate_accept"

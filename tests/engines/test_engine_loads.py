@@ -127,3 +127,28 @@ def test_engines_without_a_draft_sample_method_refuse_one_given_explicitly(root)
         assert code == 2 and "vLLM setting" in err
     code, _, argv = serve(root, "draft", "vllm")
     assert code == 0 and json.loads(argv[4])["draft_sample_method"] == "probabilistic"
+
+
+def test_a_plan_that_says_do_not_speculate_refuses_the_options_of_the_draft(root, tmp_path):
+    """n = 0 serves the target alone (the engine's plain command): a draft option would be silently dropped."""
+    plan = tmp_path / "verdict.json"
+    plan.write_text(json.dumps({"format": "dspark-plan-verdict/1", "speculative_config": {"num_speculative_tokens": 0},
+                                "engine": "vllm", "verdicts": [{"reason": "speculation does not pay here"}]}))
+    code, _, argv = serve(root, "draft", "vllm", "--from-plan", plan)
+    assert code == 0 and argv == ["vllm", "serve", str(root / "target")]
+    for args in (["--draft-topk", "4"], ["--draft-sample-method", "greedy"], ["--calibration", root / "sts.json"]):
+        code, err, _ = serve(root, "draft", "vllm", "--from-plan", plan, *args)
+        assert code == 2 and f"{args[0]} would be dropped" in err, (args, err)
+
+
+def test_vllm_refuses_a_threshold_its_gemma4_loader_could_not_apply(tmp_path):
+    """vLLM's Gemma-4 DSpark loader skips the confidence head (DSP043): a plan's threshold would cut nothing."""
+    gemma = S.with_(family="gemma4")
+    write_target_config(tmp_path / "target", gemma)
+    write_draft(tmp_path / "draft", gemma)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "dspark-plan/1", "speculative_config": {
+        "num_speculative_tokens": 3, "dspark_confidence_threshold": 0.4}}))
+    assert serve(tmp_path, "draft", "vllm")[0] == 0
+    code, err, _ = serve(tmp_path, "draft", "vllm", "--from-plan", plan)
+    assert code == 2 and "skips the confidence head (validate's DSP043)" in err

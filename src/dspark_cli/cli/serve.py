@@ -72,6 +72,8 @@ def serve(
     block_size, threshold = plan_settings(fields, from_plan, block_size)
     chosen = engine(engine_name)
     if fields.get("num_speculative_tokens") == 0:
+        refuse_draft_options(from_plan, draft_topk=draft_topk, draft_sample_method=draft_sample_method,
+                             calibration=calibration)
         serve_plain(chosen, ServeRequest(target=target, draft=draft, port=port, engine_args=tuple(vllm_args or ())),
                     fields["reason"], dry_run, json_path)
         return
@@ -204,6 +206,16 @@ def plan_settings(fields: dict, plan: Path | None, block_size: int | None) -> tu
         raise DsparkError(f"--block-size {block_size} contradicts the plan {plan} "
                           f"(num_speculative_tokens {fields['num_speculative_tokens']}); drop one.")
     return fields["num_speculative_tokens"] or None, fields.get("dspark_confidence_threshold")
+
+
+def refuse_draft_options(plan: Path, **given) -> None:
+    """A plan that says do not speculate serves the target alone, which would drop every option of the draft."""
+    from dspark_cli.errors import DsparkError
+
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None]
+    if named:
+        raise DsparkError(f"the plan {plan} says do not speculate, so the target is served alone and "
+                          f"{' and '.join(named)} would be dropped; drop {'it' if len(named) == 1 else 'them'}.")
 
 
 def serve_plain(chosen, request, reason: str, dry_run: bool, json_path: Path | None) -> None:
