@@ -26,6 +26,8 @@ from misexport import (
     rewrite_gguf,
 )
 from typer.testing import CliRunner
+from llama_server import llama_server, needs_llamacpp
+from llamacpp_server import pair_gguf  # scripts/, on the path once llama_server is imported
 
 from dspark_cli.cli import app
 from dspark_cli.runtime.checkpoint.gguf_read import read_gguf
@@ -39,12 +41,6 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
     """dspark convert's GGUFs of both shipped drafts, and the demo target's GGUF."""
-    import sys as _sys
-    from pathlib import Path
-
-    _sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from llamacpp_server import pair_gguf
-
     work = tmp_path_factory.mktemp("gguf")
     target_gguf, draft_gguf = pair_gguf(TARGET, DRAFT, work / "demo")
     hybrid = good_gguf(work, HYBRID_DRAFT, HYBRID_TARGET)
@@ -154,6 +150,22 @@ def test_cli_exit_codes_on_gguf(tmp_path, good):
     assert unreadable.exit_code == 2 and "DSP801" in unreadable.stderr
     refused = runner.invoke(app, ["validate", str(good["draft"]), "--engine", "sglang"])
     assert refused.exit_code == 2
+
+
+@needs_llamacpp
+def test_llama_server_agrees_with_validate(tmp_path, good):
+    """The real llama-server b11434: the good GGUF serves; two GGUFs validate calls errors do not (an abort, a load
+    failure), so validate's claims about them hold."""
+    with llama_server(good["target"], good["draft"], startup_timeout=120):
+        pass
+    for index, name in enumerate(("block size dropped (llama-server aborts)",
+                                  "window without the pattern (fails to load)")):
+        case = next(c for c in GGUF_CASES if c.name == name)
+        (tmp_path / str(index)).mkdir()
+        bad = build_gguf(case, tmp_path / str(index), good["draft"])
+        with pytest.raises(RuntimeError, match="exited"):
+            with llama_server(good["target"], bad, startup_timeout=120):
+                pass
 
 
 def test_validate_gguf_imports_no_torch(good):

@@ -9,7 +9,8 @@ What llama.cpp reads was taken from its source at b11434 (ggml-org/llama.cpp, ta
   as true when absent.
 - src/llama-model.cpp, llama_model_base::load_hparams: `context_length`, `embedding_length`, `block_count` required.
 - common/speculative.cpp, common_speculative_impl_draft_dflash: `dflash.block_size` read with a default of 16
-  (a draft without it is run at block 16 whatever it was trained at), the mask token from
+  (a DFlash draft without it is run at block 16 whatever it was trained at; a DSpark draft's Markov head, in
+  src/models/dflash.cpp, asserts the key and llama-server aborts), the mask token from
   `tokenizer.ggml.mask_token_id`, the target layers' inputs extracted with llama_set_embeddings_layer_inp, which
   asserts `id <= n_layer` of the target (src/llama-context.cpp).
 `validate_gguf` runs them on a draft GGUF and, given one, its target (a GGUF or a model folder).
@@ -158,8 +159,10 @@ def required_tensors(draft: GgufDraft) -> Results:
 def block_size(draft: GgufDraft) -> Results:
     out, value = Results(), draft.file.key("block_size")
     if value is None:
-        out.add("DSP805", f"the GGUF has no {ARCH}.block_size; llama.cpp then drafts blocks of 16 whatever block "
-                "the draft was trained at, so most drafted tokens are rejected.",
+        effect = ("llama-server aborts on the first draft (a DSpark draft's Markov head asserts the key)"
+                  if draft.markov_rank is not None else "llama.cpp then drafts blocks of 16 whatever block the draft "
+                  "was trained at, so most drafted tokens are rejected")
+        out.add("DSP805", f"the GGUF has no {ARCH}.block_size; {effect}.",
                 f"Re-convert with dspark convert, which writes {ARCH}.block_size from the config's block_size.")
     elif not positive_int(value):
         out.add("DSP805", f"{ARCH}.block_size is {value!r}; it must be the positive block length the draft was "
@@ -204,7 +207,7 @@ def sample_from_anchor(draft: GgufDraft) -> Results:
     dflash2 = "selector_hidden.weight" in draft.file.tensors  # DFlash2: its selector, no anchor layout to state
     if value is None and not dflash2:
         out.add("DSP809", f"the GGUF has no {ARCH}.sample_from_anchor; llama.cpp then assumes true (the anchor-first "
-                "layout), which a DFlash-layout draft (1+N queries) was not trained in.",
+                "layout), wrong for a draft trained in the 1+N (bonus-anchor) layout.",
                 f"Re-convert with dspark convert, which writes {ARCH}.sample_from_anchor from the config.")
     return out
 
