@@ -111,3 +111,19 @@ def test_the_output_may_not_replace_the_guards_target(tmp_path, demo_ggufs):
                                       "--guard-target", str(target_gguf), "--guard-tokens", "4"])
     assert result.exit_code == 2, result.output
     assert target_gguf.read_bytes() == demo_ggufs[0].read_bytes()
+
+
+@needs_llamacpp
+def test_real_guard_on_a_quantized_target(tmp_path, guard_args, demo_ggufs):
+    """A target's guard: the Q8_0 target and the unquantized one, each with the draft beside --guard-draft."""
+    draft_folder = tmp_path / "draft"
+    shutil.copytree(DRAFT, draft_folder)
+    shutil.copyfile(demo_ggufs[1], tmp_path / "draft.gguf")  # FOLDER.gguf, as dspark serve plans llama.cpp
+    prompts = guard_args[guard_args.index("--guard-prompts") + 1]
+    out, summary = tmp_path / "target-q8.gguf", tmp_path / "s.json"
+    result = CliRunner().invoke(app, ["convert", str(TARGET), "-o", str(out), "--to", "gguf", "--outtype", "q8_0",
+                                      "--guard-prompts", prompts, "--guard-draft", str(draft_folder),
+                                      "--guard-tokens", "24", "--json", str(summary)])
+    assert result.exit_code == 0, result.output
+    guard = json.loads(summary.read_text())["guard"]
+    assert guard["passed"] and guard["unquantized"]["verify_steps"] > 0 and out.is_file()

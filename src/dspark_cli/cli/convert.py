@@ -43,11 +43,14 @@ def convert(
                                 "default: the tensors' own dtype."),
     leave_output: bool = typer.Option(False, "--leave-output", help="With --outtype: keep output.weight (the "
                                       "lm_head) unquantized."),
-    guard_prompts: Path = typer.Option(None, "--guard-prompts", metavar="FILE", help="With --outtype on a draft: "
+    guard_prompts: Path = typer.Option(None, "--guard-prompts", metavar="FILE", help="With --outtype: "
                                        "held-out prompts (.jsonl or .txt) on which llama.cpp measures τ of the "
-                                       "unquantized and the quantized draft before OUT is written."),
+                                       "unquantized and the quantized pair before OUT is written."),
     guard_target: Path = typer.Option(None, "--guard-target", metavar="GGUF", help="The target GGUF the guard "
                                       "serves both drafts beside."),
+    guard_draft: str = typer.Option(None, "--guard-draft", metavar="FOLDER", help="With --outtype on a target: the "
+                                    "draft folder whose GGUF (FOLDER.gguf beside it) the guard serves with both "
+                                    "targets."),
     max_tau_drop: float = typer.Option(0.1, "--max-tau-drop", help="The guard refuses to write OUT when τ falls by "
                                        "more than this."),
     guard_warn: bool = typer.Option(False, "--guard-warn", help="Write OUT anyway and warn when τ falls too far."),
@@ -60,7 +63,8 @@ def convert(
               + local_inputs("--guard-prompts file", [guard_prompts]) + local_inputs("--guard-target file",
                                                                                      [guard_target]))
     check_output_file(json_path, inputs + [("output", out)], "--json file")
-    quant = Quantization(outtype, leave_output, guard_prompts, guard_target, max_tau_drop, guard_warn, guard_tokens)
+    quant = Quantization(outtype, leave_output, guard_prompts, guard_target, guard_draft, max_tau_drop, guard_warn,
+                         guard_tokens)
     if to == Format.gguf:
         summary = _to_gguf(draft, out, target, force) if outtype is None else _quantized(draft, out, target, force,
                                                                                            quant)
@@ -94,6 +98,7 @@ class Quantization:
     leave_output: bool
     guard_prompts: Path | None
     guard_target: Path | None
+    guard_draft: str | None
     max_tau_drop: float
     guard_warn: bool
     guard_tokens: int
@@ -102,7 +107,7 @@ class Quantization:
 def _refuse_outtype(quant: Quantization) -> None:
     from dspark_cli.errors import DsparkError
 
-    if quant.outtype is not None or quant.leave_output or quant.guard_prompts is not None:
+    if quant.outtype is not None or quant.leave_output or quant.guard_prompts is not None or quant.guard_draft:
         raise DsparkError("--outtype, --leave-output and the guard options apply to --to gguf only.")
 
 
@@ -114,41 +119,75 @@ def _quantized(draft: str, out: Path, target: str | None, force: bool, quant: Qu
     from dspark_cli.runtime.convert.target_gguf import convert_target_to_gguf, is_target
     from dspark_cli.runtime.io.outputs import local_inputs
 
+    guard_files = (local_inputs("--guard-prompts file", [quant.guard_prompts])
+                   + local_inputs("--guard-target file", [quant.guard_target]))
     if is_target(draft):
-        if target or quant.guard_prompts is not None:
-            raise DsparkError(f"{draft} is a model, not a draft; --target and the guard options are for a draft's "
-                              "conversion, so drop them to convert the model itself.")
-        inputs = local_inputs("target", [draft])
+        if target or quant.guard_target is not None:
+            raise DsparkError(f"{draft} is a model, not a draft; --target and --guard-target are for a draft's "
+                              "conversion (a target's guard takes --guard-draft), so drop them.")
+        inputs = local_inputs("target", [draft]) + local_inputs("--guard-draft folder", [quant.guard_draft])
         summary = convert_quantized(lambda path: convert_target_to_gguf(draft, path, force=True), out, quant.outtype,
-                                    inputs, force, quant.leave_output)
+                                    inputs + guard_files, force, quant.leave_output, _target_guard(draft, quant))
         return {**summary, "line": _quantized_line(summary)}
     if not target:
         raise DsparkError("a GGUF takes its tokenizer from the target, so the target option must name its folder.")
-    inputs = (local_inputs("draft", [draft]) + local_inputs("target", [target])
-              + local_inputs("--guard-prompts file", [quant.guard_prompts])
-              + local_inputs("--guard-target file", [quant.guard_target]))
+    if quant.guard_draft is not None:
+        raise DsparkError("--guard-draft names the draft a target's guard serves; for a draft, name the target's "
+                          "GGUF with --guard-target.")
+    inputs = local_inputs("draft", [draft]) + local_inputs("target", [target]) + guard_files
     summary = convert_quantized(lambda path: convert_to_gguf(draft, path, target=target, force=True), out,
-                                quant.outtype, inputs, force, quant.leave_output, _guard(draft, target, quant))
+                                quant.outtype, inputs, force, quant.leave_output, _draft_guard(draft, target, quant))
     return {**summary, "line": _quantized_line(summary)}
 
 
-def _guard(draft: str, target: str, quant: Quantization):
+def _draft_guard(draft: str, target: str, quant: Quantization):
+    """Both drafts beside --guard-target (a GGUF), under dspark's flags for the draft folder."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.runtime.bench.quant_guard import GuardSettings, acceptance_guard, spec_args_for
-    from dspark_cli.runtime.measure.evaluation import read_prompt_set
+    from dspark_cli.runtime.bench.quant_guard import spec_args_for
 
     if quant.guard_prompts is None:
-        if quant.guard_target is not None:
-            raise DsparkError("--guard-target names the target GGUF of the acceptance guard; give --guard-prompts "
-                              "too, or drop it.")
+        _refuse_without_prompts(quant.guard_target, "--guard-target")
         return None
     if quant.guard_target is None or not quant.guard_target.is_file():
         raise DsparkError("the acceptance guard serves both drafts beside the target's GGUF: name that file with "
                           "--guard-target (dspark convert TARGET --to gguf writes it).")
+    return _guard(quant, quant.guard_target, spec_args_for(draft, target), "draft")
+
+
+def _target_guard(target: str, quant: Quantization):
+    """Both targets with the draft GGUF beside --guard-draft (FOLDER.gguf, as dspark serve plans llama.cpp)."""
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.runtime.bench.quant_guard import spec_args_for
+    from dspark_cli.runtime.engines.llamacpp import gguf_beside
+
+    if quant.guard_prompts is None:
+        _refuse_without_prompts(quant.guard_draft, "--guard-draft")
+        return None
+    if quant.guard_draft is None:
+        raise DsparkError("a target's acceptance guard serves both targets with a draft: name its folder with "
+                          "--guard-draft (its GGUF beside it, FOLDER.gguf).")
+    draft_gguf = Path(gguf_beside(quant.guard_draft, "draft"))
+    if not draft_gguf.is_file():
+        raise DsparkError(f"the guard's draft GGUF {draft_gguf} does not exist; write it with dspark convert "
+                          f"{quant.guard_draft} --to gguf --target {target}.")
+    return _guard(quant, draft_gguf, spec_args_for(quant.guard_draft, target), "target")
+
+
+def _refuse_without_prompts(given: object, flag: str) -> None:
+    from dspark_cli.errors import DsparkError
+
+    if given is not None:
+        raise DsparkError(f"{flag} is for the acceptance guard; give --guard-prompts too, or drop it.")
+
+
+def _guard(quant: Quantization, partner: Path, spec_args: tuple[str, ...], role: str):
+    from dspark_cli.runtime.bench.quant_guard import GuardSettings, acceptance_guard
+    from dspark_cli.runtime.measure.evaluation import read_prompt_set
+
     prompts = tuple(read_prompt_set(quant.guard_prompts).prompts)
-    return acceptance_guard(GuardSettings(quant.guard_target, spec_args_for(draft, target), prompts,
-                                          quant.max_tau_drop, refuse=not quant.guard_warn,
-                                          max_tokens=quant.guard_tokens))
+    return acceptance_guard(GuardSettings(partner, spec_args, prompts, quant.max_tau_drop,
+                                          refuse=not quant.guard_warn, max_tokens=quant.guard_tokens,
+                                          quantized_role=role))
 
 
 def _quantized_line(summary: dict) -> str:

@@ -1,9 +1,11 @@
-"""The acceptance guard of a quantized GGUF draft: the unquantized draft and the quantized one, each served by the
-real llama.cpp beside the same target GGUF, run on held-out prompts; τ compared, and the quantized draft refused (or
-warned about) when its τ is lower by more than the user's threshold.
+"""The acceptance guard of a quantized GGUF: the unquantized pair and the quantized one (the quantized draft beside
+the same target, or the quantized target with the same draft), each served by the real llama.cpp, run on held-out
+prompts; τ compared, and the quantized file refused (or warned about) when its τ is lower by more than the user's
+threshold.
 
     check = acceptance_guard(GuardSettings(target_gguf, spec_args, prompts, max_tau_drop=0.1))
     figures = check(unquantized_draft_gguf, quantized_draft_gguf)   # GuardRefused when τ dropped too far
+    check = acceptance_guard(GuardSettings(draft_gguf, spec_args, prompts, 0.1, quantized_role="target"))
 
 Each pair gets its own llama-server (`--metrics`, one slot); the prompts go one at a time through bench serve's
 client (serve.py: streamed /v1/completions, temperature 0, ignore_eos), and llama.cpp's speculation counters
@@ -34,12 +36,12 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 class GuardRefused(DsparkError):
-    """The quantized draft's τ fell by more than the threshold: nothing was written."""
+    """The quantized pair's τ fell by more than the threshold: nothing was written."""
 
 
 @dataclass(frozen=True)
 class GuardSettings:
-    target_gguf: Path  # the target both drafts are served beside
+    partner: Path  # the GGUF both pairs share: the target when a draft is quantized, the draft when a target is
     spec_args: tuple[str, ...]  # dspark's llama.cpp flags for the draft (engines/llamacpp.py), after -md
     prompts: tuple[str, ...]
     max_tau_drop: float  # refuse when τ(unquantized) - τ(quantized) exceeds it
@@ -48,6 +50,11 @@ class GuardSettings:
     threads: int = 1
     timeout_s: float = 300.0  # one request
     server: Path | None = None  # the llama-server binary (default: engines.llamacpp.build_binary's)
+    quantized_role: str = "draft"  # which of the pair was quantized: "draft" or "target"
+
+    def pair(self, model: Path) -> tuple[Path, Path]:
+        """(target GGUF, draft GGUF) with `model` in the quantized role."""
+        return (self.partner, model) if self.quantized_role == "draft" else (model, self.partner)
 
 
 @dataclass
@@ -70,7 +77,7 @@ class PairFigures:
 
 
 def acceptance_guard(settings: GuardSettings) -> Callable[[Path, Path], dict]:
-    """The check convert runs on (unquantized draft GGUF, quantized draft GGUF) before publishing the latter."""
+    """The check convert runs on (unquantized GGUF, quantized GGUF) before publishing the latter."""
     if not settings.prompts:
         raise DsparkError("the guard's prompt set is empty; give held-out prompts to measure acceptance on.")
     if settings.max_tau_drop < 0:
@@ -84,17 +91,17 @@ def acceptance_guard(settings: GuardSettings) -> Callable[[Path, Path], dict]:
     return check
 
 
-def measure_pair(settings: GuardSettings, draft_gguf: Path, label: str) -> PairFigures:
-    """The prompts, one at a time, through a llama-server on the target and this draft."""
+def measure_pair(settings: GuardSettings, model: Path, label: str) -> PairFigures:
+    """The prompts, one at a time, through a llama-server on the pair `model` (a draft or a target) makes."""
     figures = PairFigures(label)
-    with llama_server(settings, draft_gguf) as url:
+    with llama_server(settings, *settings.pair(model)) as url:
         server = probe(url, label, "llamacpp", None)
         warm_up(server, settings.prompts[0], settings.timeout_s)
         for prompt in settings.prompts:
             before = _counters(server)
             result = stream_completion(server.endpoint, server.model, prompt, settings.max_tokens, settings.timeout_s)
             if not result.ok:
-                raise DsparkError(f"llama-server on the {label} draft failed a guard prompt: "
+                raise DsparkError(f"llama-server on the {label} {settings.quantized_role} failed a guard prompt: "
                                   f"{result.error or 'timed out'}.")
             figures.per_prompt.append(_counters(server).since(before))
             figures.tokens += result.tokens
@@ -123,7 +130,7 @@ def judge(reference: PairFigures, quantized: PairFigures, settings: GuardSetting
             else "no speculation counted on the prompts")
     figures["line"] = line
     if not passed and settings.refuse:
-        raise GuardRefused(f"the quantized draft lost too much acceptance: {line}, more than the "
+        raise GuardRefused(f"the quantized {settings.quantized_role} lost too much acceptance: {line}, more than the "
                            f"{settings.max_tau_drop} allowed; nothing was written (raise the maximum τ drop, keep "
                            "more precision, or ask for a warning instead).")
     return figures
@@ -145,15 +152,15 @@ def _fmt(interval: Interval) -> str:
 
 
 @contextmanager
-def llama_server(settings: GuardSettings, draft_gguf: Path) -> Iterator[str]:
-    """llama-server on 127.0.0.1 (a free port, one slot, --metrics) with the target and `draft_gguf`; its URL
-    once /health answers, stopped after the block."""
+def llama_server(settings: GuardSettings, target_gguf: Path, draft_gguf: Path) -> Iterator[str]:
+    """llama-server on 127.0.0.1 (a free port, one slot, --metrics) with the pair; its URL once /health answers,
+    stopped after the block."""
     binary = settings.server or build_binary("llama-server")
     if not Path(binary).is_file():
         raise DsparkError(f"the acceptance guard runs llama.cpp's llama-server, and there is none at {binary}; build "
                           "it with scripts/build_llamacpp.sh.")
     port = _free_port()
-    argv = local_server_argv(binary, settings.target_gguf, draft_gguf, settings.spec_args, port, settings.threads)
+    argv = local_server_argv(binary, target_gguf, draft_gguf, settings.spec_args, port, settings.threads)
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
