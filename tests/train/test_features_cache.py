@@ -313,9 +313,8 @@ def _retokenized(target: Path, folder: Path, change: str) -> Path:
     elif change == "pre_tokenizer":
         tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": True}, tokenizer["pre_tokenizer"]]}
-    elif change == "special":
-        vocab = tokenizer["model"]["vocab"]
-        config["eos_token"] = next(token for token, index in vocab.items() if index == 5)
+    elif change == "special":  # EOS moved to the other added special token: the definition itself is unchanged
+        config["eos_token"] = next(token["content"] for token in tokenizer["added_tokens"] if token["id"] == 1)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
@@ -335,6 +334,7 @@ def test_a_cache_of_another_tokenizer_with_the_same_vocabulary_is_refused(tiny_p
     target = _retokenized(tiny_pair[0], tmp_path / "target", change)
     other = AutoTokenizer.from_pretrained(target)
     assert other.get_vocab() == original.get_vocab()
+    assert (other.eos_token_id != original.eos_token_id) == (change == "special")
     assert tokenizer_hash(other) != tokenizer_hash(original)
     assert tokenizer_hash(AutoTokenizer.from_pretrained(tiny_pair[0])) == tokenizer_hash(original)
     if change == "merges":
