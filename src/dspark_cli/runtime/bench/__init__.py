@@ -1,4 +1,5 @@
-"""bench/: the library half of `dspark bench markov`, `dspark bench verify` and `dspark bench serve`.
+"""bench/: the library half of `dspark bench markov`, `dspark bench verify`, `dspark bench serve` and `dspark bench
+audit`.
 
 - run.py       `run_bench`: checks, then every configuration timed (`BenchConfig`, heads from a checkpoint or random)
 - inputs.py    configurations, heads, random inputs, the memory check
@@ -11,6 +12,9 @@
                bounded; throughput, TTFT, ITL, per-request tokens/s; `run_serve_bench`)
 - quant_guard.py  convert's acceptance guard: an unquantized and a quantized GGUF draft served by llama-server beside
                one target, τ on held-out prompts with intervals, the quantized one refused past a threshold
+- audit.py     `dspark bench audit`: a live engine's speculative output against its plain output and dspark's
+               reference, every token at T = 0, a chi-square test of sampled tokens at T > 0 (`run_audit`);
+               audit_client.py the engines' token-id APIs, audit_stats.py the test
 - engine_metrics.py  what engines report about speculation: vLLM / llama.cpp Prometheus counters, SGLang's gauges
                and server info, llama.cpp's per-response timings (torch-free parsers)
 """
