@@ -14,7 +14,9 @@ An engine module defines one `Engine`:
   `DraftRefused` when it refuses) and builds the argv that launches it, with the files to write beside it.
 
 `Engine.verdict(report, config)` is what `dspark validate --engine` prints: serves / serves with losses / refuses.
-Torch-free: engines/ imports only checkpoint/, settings.py, rounds.py, io/ and errors.
+`markov_heads` (the Markov head types its loader builds) is read by its verdict and by train's engine choice.
+Torch-free: engines/ imports only checkpoint/, settings.py, rounds.py, io/, errors and (SGLang's STS file check)
+measure/calibration.py's reader.
 """
 
 from __future__ import annotations
