@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 from ckpt_factory import DraftSpec
-from pair_factory import bigram_draft, bigram_target
+from pair_factory import bigram_draft, bigram_target, dflash2_bigram_draft
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.decode.sampling import target_probs
 from dspark_cli.runtime.settings import SamplingParams
@@ -99,4 +99,48 @@ def test_emitted_tokens_follow_the_target_distribution(pair):
     total = int(counts.sum())
     assert total == GENERATIONS * TOKENS_EACH and df == 8
     assert power_lower_bound(df, total) >= MIN_POWER
+    assert statistic < chi_square_threshold(df), f"chi-square {statistic:.1f} (df {df})"
+
+
+# A DFlash2 draft (docs/formats-other.md §7.4) on the same target: its path selector holds a noisy copy of the bigram
+# and proposes from 2 of the 4 tokens per slot (selector_top_k 2), so q is 0 on the other two and every token there
+# comes from residual resampling; the threshold runs on the selector's top-1 share.
+DFLASH2 = SPEC.with_(family="dflash2", markov_rank=0, confidence=False, draft_vocab_size=None, block_size=5,
+                     selector_rank=64, selector_top_k=2)
+
+
+@pytest.fixture(scope="module")
+def dflash2_pair(pair, tmp_path_factory):
+    target, _ = pair
+    root = tmp_path_factory.mktemp("lossless-dflash2")
+    target_dir = bigram_target(root / "target", SPEC, damp=0.0, logit_std=0.15, seed=5)
+    draft_dir = dflash2_bigram_draft(root / "draft", DFLASH2, target_dir, gain=1.0, noise=0.3)
+    return target, load_draft(draft_dir)
+
+
+def test_dflash2_emitted_tokens_follow_the_target_distribution(dflash2_pair):
+    target, draft = dflash2_pair
+    exact = exact_conditionals(target)
+    generator = torch.Generator().manual_seed(1)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    rounds = []
+    for g in range(GENERATIONS):
+        prompt = [g % VOCAB]
+        threshold = 0.3 if g % 2 else None
+        result = generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=TOKENS_EACH,
+                          confidence_threshold=threshold, generator=generator)
+        sequence = torch.tensor(prompt + result.tokens)
+        counts.index_put_((sequence[:-1], sequence[1:]), torch.ones(len(result.tokens), dtype=torch.float64),
+                          accumulate=True)
+        rounds += result.stats.rounds
+
+    assert {r.accepted for r in rounds} == {0, 1, 2, 3, 4}
+    assert any(r.proposed < r.drafted for r in rounds) and any(r.proposed == r.drafted for r in rounds)
+    support = exact > 0
+    assert counts[~support].sum() == 0, "a token outside the target's top-k was emitted"
+    expected = counts.sum(-1, keepdim=True) * exact
+    statistic = float(((counts - expected)[support] ** 2 / expected[support]).sum())
+    df = int((support.sum(-1) - 1).sum())
+    assert int(counts.sum()) == GENERATIONS * TOKENS_EACH and df == 8
+    assert power_lower_bound(df, int(counts.sum())) >= MIN_POWER
     assert statistic < chi_square_threshold(df), f"chi-square {statistic:.1f} (df {df})"

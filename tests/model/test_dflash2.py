@@ -30,6 +30,7 @@ from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.model.target import TargetModel
 from dspark_cli.runtime.settings import SamplingParams
 from dspark_cli.runtime.train.loss import build_blocks, draft_forward
+from dspark_cli.runtime.train.tau import chained_tau, held_out
 
 F32 = torch.float32
 SPEC = DraftSpec(family="dflash2", markov_rank=0, confidence=False, block_size=7, dtype=F32)
@@ -271,6 +272,21 @@ def test_markov_stage_records_the_selector_score_as_confidence(pairs):
     assert proposal.tokens.tolist() == tokens
     torch.testing.assert_close(proposal.confidences, torch.tensor(shares), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.sigmoid(proposal.confidence_logits), proposal.confidences)
+
+
+def test_train_tau_is_the_loops_tau_for_a_dflash2_draft(pairs):
+    """train's τ probe (train/tau.py) reads DFlash2 blocks in the DFlash layout and walks the selector: the same
+    rounds as the loop."""
+    target, drafts = pairs["qwen3"]
+    draft = drafts["bigram"]
+    prompts = [torch.tensor(p) for p in (PROMPT, [7, 8, 9, 10, 11], [40, 41, 42, 43, 44])]
+    held = held_out(target, prompts, MAX_NEW, draft.config.block_size.value, draft.config.layer_ids)
+    estimate = chained_tau(draft, held, target.vocab_size)
+    rounds = [r for p in prompts for r in generate(target, draft, p.tolist(), SamplingParams(),
+                                                     max_new_tokens=MAX_NEW).stats.rounds]
+    assert estimate.rounds == len(rounds)
+    assert estimate.tau == pytest.approx(sum(r.emitted for r in rounds) / len(rounds), abs=1e-12)
+    assert estimate.tau > 2.0
 
 
 # --- 5. validate --------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def train(
                                                    "gated or rnn (DeepSpec's; vLLM serves only vanilla) (default: "
                                                    "vanilla; on --resume: the checkpoint's)."),
     draft_arch: str = typer.Option("auto", "--draft-arch", help="Draft family: auto (gemma4 for a Gemma-4 target, "
-                                   "else qwen3, as DeepSpec), qwen3 or gemma4."),
+                                   "else qwen3, as DeepSpec), qwen3, gemma4 or dflash2 (a DFlash2 draft)."),
     confidence: Optional[bool] = typer.Option(None, "--confidence/--no-confidence", help="Train a confidence head "
                                               "(default: on; on --resume: as the checkpoint)."),
     confidence_with_markov: Optional[bool] = typer.Option(None, "--confidence-with-markov/--confidence-without-markov",

@@ -34,6 +34,7 @@ import torch
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.decode.sampling import SamplingParams
 from dspark_cli.runtime.decode.markov import markov_walk
+from dspark_cli.runtime.decode.selector import selector_walk
 from dspark_cli.runtime.decode.speculative import Drafter, autoregressive_generate
 from dspark_cli.runtime.model.draft import DSparkDraft
 from dspark_cli.runtime.model.target import TargetModel
@@ -150,13 +151,23 @@ def accepted_lengths(draft: DSparkDraft, drafter: Drafter, prompt: HeldPrompt, c
     """Drafts accepted at the first `count` anchors after the prompt, the walk fed its own picks. -> [count]"""
     P, tokens = prompt.prompt_tokens, prompt.tokens[None]  # [1, T]
     anchors = torch.arange(P, P + count, device=tokens.device)[None]  # [1, count]
-    blocks = build_blocks(tokens, anchors, K, draft.config.mask_token_id)
-    hidden = block_hidden(draft, prompt.layers[None].float(), blocks)[0]  # [count, K, H]
+    from_anchor = draft.config.sample_from_anchor  # else the DFlash layout: K + 1 slots, the anchor's predicts nothing
+    blocks = build_blocks(tokens, anchors, K if from_anchor else K + 1, draft.config.mask_token_id,
+                          sample_from_anchor=from_anchor)
+    slots = slice(0, K) if from_anchor else slice(1, K + 1)
+    hidden = block_hidden(draft, prompt.layers[None].float(), blocks)[0, :, slots]  # [count, K, H]
     base = draft.base_logits(hidden)  # [count, K, Vd]
-    walk = markov_walk(drafter.strategy, drafter.weights, base, tokens[0, P:P + count], GREEDY, None,
-                       drafter.draft_topk, hidden=hidden)
-    drafted = walk.tokens  # [count, K]
-    if drafter.weights is None and drafter.draft_vocab_ids is not None:
-        drafted = drafter.draft_vocab_ids[drafted]  # no Markov head: the walk returned draft ids
-    matches = (drafted == blocks.labels[0]) & blocks.valid[0]  # [count, K]: the continuation is the target's choice
+    first = tokens[0, P:P + count]  # [count] the anchors
+    if draft.candidate_selector is not None:  # DFlash2: the selector walk (decode/selector.py)
+        ids, unary = draft.candidate_selector.candidates(base)
+        scores = draft.candidate_selector(hidden, ids, unary, first)  # [count, K, k, k]
+        drafted = selector_walk(scores, ids, base.shape[-1], GREEDY, None).tokens  # [count, K]
+    else:
+        walk = markov_walk(drafter.strategy, drafter.weights, base, first, GREEDY, None, drafter.draft_topk,
+                           hidden=hidden)
+        drafted = walk.tokens  # [count, K]
+        if drafter.weights is None and drafter.draft_vocab_ids is not None:
+            drafted = drafter.draft_vocab_ids[drafted]  # no Markov head: the walk returned draft ids
+    labels, valid = blocks.labels[0, :, slots], blocks.valid[0, :, slots]
+    matches = (drafted == labels) & valid  # [count, K]: the continuation is the target's choice
     return matches.long().cumprod(-1).sum(-1)  # [count]
