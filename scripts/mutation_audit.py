@@ -486,6 +486,14 @@ MUTATIONS = [
       "convert/gguf_kquant.py",
       [("(x - offset[:, None])), 0, 15)", "(x - lowest[:, None])), 0, 15)")],
       "test_gguf_quant.py::test_files_equal_llama_quantize_pure"),
+    m("Q10", "the quantized output not checked against the guard's target GGUF (--force would replace it)",
+      "../cli/convert.py", [('''    inputs = local_inputs("draft", [draft]) + local_inputs("target", [target]) + guard_files''',
+                             '''    inputs = local_inputs("draft", [draft]) + local_inputs("target", [target])''')],
+      "test_quant_guard.py::test_the_output_may_not_replace_the_guards_target"),
+    m("Q11", "a target's guard serves the quantized target as the draft", "bench/quant_guard.py",
+      [("return (self.partner, model) if self.quantized_role == \"draft\" else (model, self.partner)",
+        "return (self.partner, model)")],
+      "test_quant_guard.py::test_real_guard_on_a_quantized_target"),
     # issue 37 (trust, round 5), class 3: what each engine loads, one rule per engine for validate, serve and convert
     # (K1-K11); class 4: drafts for every Gemma-4 target (J1-J4)
     m("K1", "llama.cpp's verdict not using the converter's confidence rule", "engines/llamacpp.py",
