@@ -6,7 +6,6 @@ file and drafting with it on the demo target."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,8 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.convert.gguf import convert_to_gguf
 from dspark_cli.runtime.demo import DEMO_DIR
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from dflash2_hf import write_dflash2_draft  # noqa: E402
-from llama_server import demo_ggufs, llama_server, needs_llamacpp  # noqa: E402,F401 (demo_ggufs: a fixture)
+from dflash2_hf import write_dflash2_draft
+from llama_server import demo_ggufs, llama_server, needs_llamacpp  # noqa: F401 (demo_ggufs: a fixture)
 
 gguf = pytest.importorskip("gguf")
 TARGET = DEMO_DIR / "target"

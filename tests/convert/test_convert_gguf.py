@@ -94,6 +94,16 @@ def test_gated_head_is_refused(tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_a_gemma4_draft_is_refused_in_one_sentence(tmp_path):
+    """llama.cpp's dflash model and its converter are Qwen3's: a Gemma-4 draft is a DsparkError naming its family."""
+    from ckpt_factory import DraftSpec, write_draft
+
+    draft = write_draft(tmp_path / "gemma4", DraftSpec(family="gemma4"))
+    with pytest.raises(DsparkError, match="it is a Gemma-4 draft, and dspark converts Qwen3-family drafts only"):
+        convert_to_gguf(str(draft), tmp_path / "out.gguf", target=str(TARGET))
+    assert not (tmp_path / "out.gguf").exists()
+
+
 def test_confidence_head_without_markov_input_is_refused(tmp_path):
     draft = _draft_copy(tmp_path, confidence_head_with_markov=False)
     with pytest.raises(DsparkError, match="conf_proj reads the hidden state and the Markov state"):

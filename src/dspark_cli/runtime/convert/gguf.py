@@ -102,7 +102,7 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
     if config.kind not in ("dspark", "dflash") and dflash2 is None:
         return "its config is not a DSpark, DFlash or DFlash2 draft's"
     if config.family not in ("qwen3", "dflash2"):
-        return f"it is a {config.family_title()} draft, and dspark converts Qwen3-family drafts only"
+        return f"it is a {config.family_title} draft, and dspark converts Qwen3-family drafts only"
     if config.has_markov and config.markov_head_type != "vanilla":
         return (f"its Markov head is {config.markov_head_type!r}, and llama.cpp's dflash model has the vanilla head "
                 "only (markov_w1 and markov_w2), so the head's extra layers would be dropped")
