@@ -495,7 +495,7 @@ MUTATIONS = [
         "return (self.partner, model)")],
       "test_quant_guard.py::test_real_guard_on_a_quantized_target"),
     # issue 37 (trust, round 5), class 3: what each engine loads, one rule per engine for validate, serve and convert
-    # (K1-K11); class 4: drafts for every Gemma-4 target (J1-J4)
+    # (K1-K12); class 4: drafts for every Gemma-4 target (J1-J4)
     m("K1", "llama.cpp's verdict not using the converter's confidence rule", "engines/llamacpp.py",
       [("confidence = conf_proj_refusal(config, config.enable_confidence_head)", "confidence = None")],
       "test_engine_loads.py::test_llamacpp_verdict_and_the_gguf_converter_apply_one_confidence_rule"),
@@ -533,6 +533,9 @@ MUTATIONS = [
     m("K11", "vLLM taking a threshold for a Gemma-4 draft whose confidence head its loader skips", "engines/vllm.py",
       [('and "DSP043" in pair.report.codes:', 'and "DSP043" in pair.report.codes and False:')],
       "test_engine_loads.py::test_vllm_refuses_a_threshold_its_gemma4_loader_could_not_apply"),
+    m("K12", "convert --to gguf with its own Markov head list (a gated head converted, dropping its gate)",
+      "convert/gguf.py", [("llamacpp.ENGINE.refuses_head(config.markov_head_type)", 'config.markov_head_type == "rnn"')],
+      "test_engine_loads.py::test_llamacpp_verdict_and_the_gguf_converter_refuse_the_same_markov_heads"),
     m("J1", "a Gemma-4 draft config inheriting hidden_size_per_layer_input", "checkpoint/families/gemma4.py",
       [('    "hidden_size_per_layer_input": 0,  # per-layer input embeddings (E2B / E4B)\n', "")],
       "test_train_families.py::test_every_gemma4_variant_gets_a_draft_validate_vllm_and_generate_accept"

@@ -152,3 +152,13 @@ def test_vllm_refuses_a_threshold_its_gemma4_loader_could_not_apply(tmp_path):
     assert serve(tmp_path, "draft", "vllm")[0] == 0
     code, err, _ = serve(tmp_path, "draft", "vllm", "--from-plan", plan)
     assert code == 2 and "skips the confidence head (validate's DSP043)" in err
+
+
+def test_llamacpp_verdict_and_the_gguf_converter_refuse_the_same_markov_heads(root, tmp_path):
+    """The converter reads llama.cpp's Engine.markov_heads: a head the verdict refuses (DSP012) is not converted."""
+    for head in ("vanilla", "gated", "rnn"):
+        draft = write_draft(tmp_path / head, S.with_(markov_head_type=head))
+        refused = "DSP012" in refused_codes(draft, root / "target")["llamacpp"]
+        result = runner.invoke(app, ["convert", str(draft), "--to", "gguf", "--target", str(root / "target"),
+                                     "-o", str(tmp_path / f"{head}.gguf")])
+        assert refused == (f"its Markov head is '{head}'" in " ".join(result.output.split())) == (head != "vanilla")

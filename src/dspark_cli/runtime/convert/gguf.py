@@ -30,7 +30,7 @@ from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
 from dspark_cli.runtime.convert import dflash2_gguf
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
-from dspark_cli.runtime.engines.llamacpp import conf_proj_refusal
+from dspark_cli.runtime.engines import llamacpp
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
 
 ARCH = "dflash"  # gguf-py/gguf/constants.py MODEL_ARCH_NAMES[MODEL_ARCH.DFLASH]
@@ -101,15 +101,15 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
     dflash2 = dflash2_gguf.dflash2_keys(config.raw)
     if config.kind not in ("dspark", "dflash") and dflash2 is None:
         return "its config is not a DSpark, DFlash or DFlash2 draft's"
-    if config.family not in ("qwen3", "dflash2"):
+    if config.family not in llamacpp.FAMILIES:  # the verdict's DSP721, the Markov head its DSP012, the same lists
         return f"it is a {config.family_title} draft, and dspark converts Qwen3-family drafts only"
-    if config.has_markov and config.markov_head_type != "vanilla":
+    if config.has_markov and llamacpp.ENGINE.refuses_head(config.markov_head_type):
         return (f"its Markov head is {config.markov_head_type!r}, and llama.cpp's dflash model has the vanilla head "
                 "only (markov_w1 and markov_w2), so the head's extra layers would be dropped")
     if _quantized_head(ckpt):
         return ("its markov_w2 is NVFP4-quantized, and llama.cpp's dflash model reads no block scales; convert the "
                 "draft before quantizing it")
-    confidence = conf_proj_refusal(config, _has_confidence(ckpt))  # llama.cpp's verdict reads the same rule
+    confidence = llamacpp.conf_proj_refusal(config, _has_confidence(ckpt))  # the verdict's DSP724
     if confidence:
         return confidence
     if not config.layer_ids:

@@ -47,6 +47,7 @@ LLAMA_SERVER = "llama-server"
 # DSP012 a non-vanilla Markov head: src/models/dflash.cpp loads markov_w1/w2 only; DSP062 a DFlash2 hidden size
 # below top_k * (top_k + 1): dflash.cpp packs each position's lattice into one hidden-size row
 OWN_CODES = frozenset({"DSP012", "DSP062"})
+FAMILIES = ("qwen3", "dflash2")  # the backbones of its dflash model (speculative.md; dspark convert writes these)
 OWN_FLAGS = ("-m", "--model", "-md", "--model-draft", "--spec-draft-model", "--spec-type", "--spec-draft-n-max",
              "--spec-draft-p-min", "--draft-p-min")  # common/arg.cpp spellings of what dspark sets
 
@@ -145,7 +146,7 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head, a
     confidence head its conf_proj cannot hold (`conf_proj_refusal`, the converter's rule)."""
     findings = []
-    if config.family not in ("qwen3", "dflash2"):
+    if config.family not in FAMILIES:
         findings.append(engine_finding("DSP721", f"this is a {config.family_title} draft."))
     head = head_quantization(report)
     if head:
