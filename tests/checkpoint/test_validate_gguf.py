@@ -113,6 +113,31 @@ def test_truncated_gguf_is_a_read_error(tmp_path, good):
     assert getattr(caught.value, "code", None) == "DSP801" and "DSP801" in READ_ERRORS
 
 
+def test_damaged_gguf_is_one_read_error_or_a_report(tmp_path, good):
+    """Truncated at many points and with header bytes overwritten (seeded): a report or DSP801, nothing else, and
+    no corrupt length is ever allocated (the reader checks it against the bytes left)."""
+    import random
+
+    from dspark_cli.runtime.checkpoint.read import CheckpointError
+
+    data = good["draft"].read_bytes()
+    header_end = min(t.begin for t in read_gguf(good["draft"]).tensors.values())
+    rng = random.Random(36)
+    damaged = [data[:cut] for cut in range(0, header_end + 64, max(1, header_end // 40))]
+    for _ in range(40):
+        copy = bytearray(data)
+        at = rng.randrange(4, header_end)
+        copy[at:at + 8] = bytes(rng.randrange(256) for _ in range(8))
+        damaged.append(bytes(copy))
+    path = tmp_path / "damaged.gguf"
+    for blob in damaged:
+        path.write_bytes(blob)
+        try:
+            validate_gguf(str(path), deep=True)
+        except CheckpointError as error:
+            assert error.code in ("DSP801", "DSP501")
+
+
 # --- convert carries the window keys -------------------------------------------------------------------------------
 
 def test_convert_writes_the_window_keys(tmp_path):

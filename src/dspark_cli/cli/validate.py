@@ -244,9 +244,10 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
 def gguf_rows(resolved: dict) -> list[tuple[str, str]]:
     """What llama.cpp reads from a draft GGUF (rules/gguf.py resolved)."""
     ids = resolved["target_layer_ids"]
-    return [
-        ("format", "llama.cpp dflash GGUF"),
-        ("architecture", str(resolved["architecture"])),
+    head = [("format", "GGUF (llama.cpp)"), ("architecture", str(resolved["architecture"]))]
+    if resolved["architecture"] != "dflash":
+        return head
+    return head + [
         ("target layers", f"{resolved['target_layers']} (dflash.target_layers: layer inputs)"
                           + (f" = target_layer_ids {ids}" if ids is not None else "")),
         ("block size", str(resolved["block_size"])),

@@ -98,7 +98,7 @@ def read_gguf(path: str | Path) -> GgufFile:
             return _parse(f, path, size)
     except OSError as error:
         raise CheckpointError("DSP501", f"{path} could not be read ({error.strerror or error}).") from None
-    except (struct.error, UnicodeDecodeError, ValueError) as error:
+    except (struct.error, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise CheckpointError("DSP801", f"{path} is not a readable GGUF file ({error}); re-convert or re-download "
                               "it.") from None
 
@@ -172,7 +172,9 @@ def _string(f: BinaryIO) -> str:
 
 
 def _exact(f: BinaryIO, n: int) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
+    """n bytes, refused before reading when the file has fewer left (a corrupt length never allocates)."""
+    here = f.tell()
+    if n > f.seek(0, 2) - here:
         raise ValueError("the file ends inside its header (truncated)")
-    return data
+    f.seek(here)
+    return f.read(n)

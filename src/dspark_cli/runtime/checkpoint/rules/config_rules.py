@@ -214,7 +214,8 @@ def sliding_window(ctx: RuleContext) -> Results:
                     "'DFlash sliding attention requires a window size configured in "
                     "dflash_config.swa_window_size or the top-level sliding_window'.",
                     "Set sliding_window (or dflash_config.swa_window_size), or make every layer full_attention.")
-    sliding = (isinstance(types, list) and "sliding_attention" in types) or as_dict(view.get("dflash_config")).get("use_swa")
+    use_swa = as_dict(view.get("dflash_config")).get("use_swa")
+    sliding = (isinstance(types, list) and "sliding_attention" in types) or use_swa
     if view.get("use_sliding_window") and not sliding:
         out.add("DSP048", f"use_sliding_window is true (window {view.get('sliding_window')!r}) but no layer is "
                 "sliding_attention in layer_types; vLLM and llama.cpp take the sliding layers from layer_types (or "

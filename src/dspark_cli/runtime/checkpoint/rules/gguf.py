@@ -31,6 +31,7 @@ from dspark_cli.runtime.checkpoint.gguf_read import (
 )
 from dspark_cli.runtime.checkpoint.read import read_json, read_target_config
 from dspark_cli.runtime.checkpoint.rules.codes import Finding, Report, Results, SkippedCheck, sort_findings
+from dspark_cli.runtime.checkpoint.rules.context import MAX_DRAFT_LAYERS
 from dspark_cli.runtime.checkpoint.rules.values import positive_int
 from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 
@@ -128,6 +129,10 @@ def required_keys(draft: GgufDraft) -> Results:
         if draft.file.key(key) is None:
             out.add("DSP803", f"the GGUF has no {ARCH}.{key}, which llama.cpp requires to load a dflash draft.",
                     CONVERT_FIX)
+    layers = draft.file.key("block_count")
+    if positive_int(layers) and layers > MAX_DRAFT_LAYERS:
+        out.add("DSP803", f"{ARCH}.block_count is {layers}, not a draft's layer count (at most {MAX_DRAFT_LAYERS}).",
+                CONVERT_FIX)
     return out
 
 
@@ -138,7 +143,7 @@ def required_tensors(draft: GgufDraft) -> Results:
     ids = draft.layer_ids
     expected: dict[str, tuple[int, ...] | None] = {"fc.weight": (len(ids) * n_embd, n_embd) if ids and n_embd else None,
                                                    **{name: (n_embd,) for name in NORMS}}
-    for index in range(layers or 0):
+    for index in range(layers if layers and layers <= MAX_DRAFT_LAYERS else 0):
         expected.update({f"blk.{index}.{name}.weight": None for name in LAYER_TENSORS})
     rank = draft.markov_rank
     if rank is not None:
