@@ -182,6 +182,12 @@ def test_an_answer_without_timings_is_one_sentence(ggufs, answer, words):
         assert str(refused.value).startswith(f"the server at {url} {words}"), str(refused.value)
 
 
+def test_tokens_that_are_not_ids_are_one_sentence(ggufs):
+    assert refusal(ggufs, plain_options={"answer": "pieces"}) == (
+        "the plain server at PLAIN answered POST /tokenize without a list of token ids; check that it is a running "
+        "llama-server.")
+
+
 def test_a_server_that_is_not_llamacpp_is_refused(ggufs):
     assert refusal(ggufs, plain_options={"llama": False}) == (
         "the plain server at PLAIN is not a llama-server (no build_info in GET /props): `dspark bench engine` reads "

@@ -526,3 +526,37 @@ def test_train_interrupted_before_writing_removes_the_folder_it_created(tmp_path
     assert result.exit_code == 130 and "interrupted: nothing was written" in words(result.stderr)
     assert not (tmp_path / "out").exists()
 
+
+def test_an_interrupt_names_every_output_still_there(tmp_path, tiny_train_pair, monkeypatch):
+    """train's own sentence covers its output folder; the --log-jsonl file it opened is on disk too, so the message
+    names it instead of saying "nothing was written" (outputs.kept_sentence adds what the command's sentence does
+    not name)."""
+    from dspark_cli.runtime.train.trainer import DraftTrainer
+
+    monkeypatch.setattr(DraftTrainer, "run_step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    log = tmp_path / "log.jsonl"
+    result = runner.invoke(app, [*train_args(tiny_train_pair, tmp_path / "out"), "--log-jsonl", str(log)])
+    assert result.exit_code == 130 and log.is_file() and not (tmp_path / "out").exists()
+    assert f"interrupted: already written and kept: {log}" in words(result.stderr)
+    assert "nothing was written" not in result.stderr
+
+
+def test_what_was_kept_names_each_output_still_there_once(tmp_path):
+    """The one sentence about what is on disk: a command's own sentence (its main output) plus every other recorded
+    output still there, none named twice, none that is gone (a temporary file renamed into place)."""
+    from dspark_cli.runtime.io import outputs
+
+    outputs.forget_written()  # a new command
+    run, log, moved = tmp_path / "run.json", tmp_path / "log.jsonl", tmp_path / ".run.json.x.tmp"
+    for path in (run, log, moved):
+        path.write_text("x")
+        outputs.record_written(path)
+    moved.unlink()
+    try:
+        assert outputs.kept_sentence() == f"already written and kept: {run}, {log}"
+        assert outputs.kept_sentence(f"{run} keeps 2 prompts") == f"{run} keeps 2 prompts; also written and kept: {log}"
+        assert outputs.unnamed_outputs(f"cannot write {log}") == [run]
+        outputs.forget_written()
+        assert outputs.kept_sentence() == "nothing was written"
+    finally:
+        outputs.forget_written()

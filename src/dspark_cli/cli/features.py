@@ -138,10 +138,10 @@ def _on_shard(job, dist):
     return report
 
 
-def _kept(out: Path, shards: int) -> str:
+def _kept(out: Path, shards: int) -> str | None:
     from dspark_cli.runtime.train.feature_cache import finished_shards
 
     if not out.is_dir():
-        return "nothing was written"
+        return None  # outputs.kept_sentence: nothing was written
     return (f"{finished_shards(out)} of {shards} shards in {out} are whole and kept; run the same command again to "
             "continue")

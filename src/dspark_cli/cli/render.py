@@ -121,14 +121,15 @@ def stopped(stop: KeyboardInterrupt | Terminated) -> int:
     from dspark_cli.runtime.io import outputs as files
 
     terminated = isinstance(stop, Terminated)
-    kept = getattr(stop, "kept", None) or files.kept_sentence()
+    kept = files.kept_sentence(getattr(stop, "kept", None))
     err_console.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: {escape(kept)}", highlight=False)
     return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def _with_written(message: str, files) -> str:
-    """An error message followed by the outputs this command had already put in place, if any."""
-    written = files.written_outputs()
+    """An error message followed by the outputs this command had already put in place (those it does not name
+    itself), if any."""
+    written = files.unnamed_outputs(message)
     if not written:
         return message
     return f"{message} Already written and kept: {', '.join(str(path) for path in written)}."

@@ -116,7 +116,7 @@ def train(
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
-    from dspark_cli.runtime.io.outputs import is_disk_error
+    from dspark_cli.runtime.io.outputs import is_disk_error, kept_sentence
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.train.verdict import engine_for_head
     from dspark_cli.runtime.train.tau import TauProbe
@@ -175,7 +175,7 @@ def train(
                 raise
             where = f" {error.filename}" if error.filename else ""
             raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
-                              f"{_kept_after_interrupt(out, existed)}.") from None
+                              f"{kept_sentence(_kept_after_interrupt(out, existed))}.") from None
     render.console.print(Text.assemble("draft written to ", (str(final), "bold")))
     if dist.is_main:
         _judge(final, target, chosen, named=engine_name != "auto")
@@ -252,10 +252,11 @@ def _run(target, data, out, shape, options, device, resume, chat_template, force
                 log_file.close()
 
 
-def _kept_after_interrupt(out: Path, existed: bool) -> str:
-    """What an interrupted run leaves in `out`, in one sentence (checkpoints are written whole or not at all)."""
+def _kept_after_interrupt(out: Path, existed: bool) -> str | None:
+    """What an interrupted run leaves in `out`, in one sentence (checkpoints are written whole or not at all); None
+    when it leaves nothing there (outputs.kept_sentence then says what else, if anything, was written)."""
     if not out.is_dir():
-        return "nothing was written"
+        return None
     from dspark_cli.runtime.train.trainer import latest_checkpoint
 
     latest = latest_checkpoint(out)
@@ -263,6 +264,5 @@ def _kept_after_interrupt(out: Path, existed: bool) -> str:
         return f"the latest checkpoint {latest} was kept; continue with --resume {latest}"
     if not existed and not any(out.iterdir()):
         out.rmdir()  # the empty folder this run created
-        return "nothing was written"
+        return None
     return f"no checkpoint was written in {out}"
-

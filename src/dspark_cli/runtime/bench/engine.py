@@ -276,9 +276,12 @@ def profile_engine(config: ProfileConfig, on_sample: Callable[[tuple, int, float
         check_capacity(server, role, config, block)
     target_file = config.target_file or local_file(plain.props.get("model_path"))
     tokens = plain.post("/tokenize", {"content": config.text}, config.timeout_s).get("tokens")
-    if not isinstance(tokens, list) or len(tokens) < 16:
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise DsparkError(f"the plain server at {plain.url} answered POST /tokenize without a list of token ids; "
+                          "check that it is a running llama-server.")
+    if len(tokens) < 16:
         raise DsparkError("the prompts give fewer than 16 tokens; give a longer prompts file.")
-    sampler = Sampler(plain, spec, [int(t) for t in tokens], config, block)
+    sampler = Sampler(plain, spec, tokens, config, block)
     jobs = sampler.order(0)
     samples: dict[tuple, list[float]] = {job: [] for job in jobs}
     acceptance: dict[tuple, list[float]] = {job: [] for job in jobs}

@@ -168,12 +168,23 @@ def forget_written() -> None:
     _written.clear()
 
 
-def kept_sentence() -> str:
-    """What is on disk after a failed or interrupted command, as a clause: 'nothing was written' when true."""
-    written = written_outputs()
-    if not written:
+def kept_sentence(own: str | None = None) -> str:
+    """What is on disk after a failed or interrupted command, as a clause: 'nothing was written' only when true.
+
+    `own` is a command's own sentence about its main output (train's checkpoints, eval's run file, regen's records),
+    which names what it kept there; every other output still on disk (train's log, a --json file) is added.
+    """
+    others = unnamed_outputs(own or "")
+    if own is not None:
+        return own if not others else f"{own}; also written and kept: " + ", ".join(map(str, others))
+    if not others:
         return "nothing was written"
-    return "already written and kept: " + ", ".join(str(path) for path in written)
+    return "already written and kept: " + ", ".join(map(str, others))
+
+
+def unnamed_outputs(message: str) -> list[Path]:
+    """The outputs still on disk that `message` does not name already."""
+    return [path for path in written_outputs() if str(path) not in message]
 
 
 def is_disk_error(error: BaseException) -> bool:

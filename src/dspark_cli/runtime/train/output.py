@@ -18,6 +18,7 @@ from dspark_cli.runtime.io.outputs import (
     check_writable_parent,
     local_inputs,
     real_path,
+    record_written,
     refuse_input_overlap,
 )
 
@@ -100,7 +101,9 @@ def open_log_file(log: Path):
     """The --log-jsonl file opened for appending (its missing parent folders created), or one sentence."""
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        return log.open("a", encoding="utf-8")
+        handle = log.open("a", encoding="utf-8")
     except OSError as error:
         raise DsparkError(f"cannot open the log-jsonl option file {log}: {error.strerror or error}; choose another "
                           "file.") from None
+    record_written(log)  # on disk from now on: a later failure or interrupt names it
+    return handle
