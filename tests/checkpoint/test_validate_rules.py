@@ -162,6 +162,7 @@ def outcome(case: Case, path: Path) -> list[str]:
 
 
 GEMMA = DraftSpec(family="gemma4")  # a DeepSpec Gemma-4 draft (its own rules, DSP040-DSP047)
+DFLASH2 = DraftSpec(family="dflash2", markov_rank=0, confidence=False)  # docs/formats-other.md §7 (DSP060-DSP065)
 
 
 def edited(**edit) -> Callable[[Path], Path]:
@@ -289,6 +290,15 @@ CASES = [
     Case("DSP045", lambda p: write_draft(p, GEMMA, edit={"enable_moe_block": True})),
     Case("DSP046", lambda p: write_draft(p, GEMMA)),
     Case("DSP047", lambda p: write_draft(p, GEMMA, edit={"global_head_dim": None})),
+    Case("DSP060", lambda p: write_draft(p, DFLASH2, edit={"dflash_config": {"mask_token_id": 250,
+                                                                          "target_layer_ids": [0, 2]}})),
+    Case("DSP061", lambda p: write_draft(p, DFLASH2.with_(conv_group_size=24))),
+    Case("DSP062", lambda p: write_draft(p, DFLASH2.with_(selector_top_k=8))),  # 64 < 8 * 9
+    Case("DSP063", lambda p: write_draft(p, DFLASH2.with_(vocab_size=6, mask_token_id=5, selector_top_k=7))),
+    Case("DSP064", lambda p: write_draft(p, DFLASH2, edit={"selector_top_k": 4, "dflash_config": {
+        "mask_token_id": 250, "target_layer_ids": [0, 2], "conv_kernel_size": 3, "conv_group_size": 16,
+        "selector_rank": 16}})),
+    Case("DSP065", lambda p: write_draft(p, DFLASH2, edit={"markov_rank": 32})),
     Case("DSP013", edited(block_size=0)),
     Case("DSP014", edited(block_size=None)),
     Case("DSP015", edited(mask_token_id=None)),
@@ -367,6 +377,7 @@ CASES = [
     Case("DSP209", mutated(prefixed)),
     Case("DSP210", mutated(add("layers.0.self_attn.q_proj.bias", torch.zeros(64, dtype=torch.bfloat16)))),
     Case("DSP210", mutated(add("norm.bias", torch.zeros(64, dtype=torch.bfloat16)))),
+    Case("DSP211", mutated(add("candidate_selector.hidden_projection.weight", torch.zeros(16, 64)), DFLASH)),
     # NVFP4
     Case("DSP301", nvfp4(mutate=replace_tensor("markov_head.markov_w2.weight",
                                                torch.zeros(256, 64, dtype=torch.uint8)))),
