@@ -435,6 +435,9 @@ MUTATIONS = [
     m("W15", "bench engine: /tokenize answered with other than ids is a TypeError", "bench/engine.py",
       [("    if not isinstance(tokens, list) or not all(isinstance(t, int)", "    if not isinstance(tokens, list) or not all(True")],
       "test_bench_engine.py::test_tokens_that_are_not_ids_are_one_sentence"),
+    m("W16", "the quantization guard's wait for llama-server ends on an answer that is not HTTP", "bench/quant_guard.py",
+      [("        except (OSError, http.client.HTTPException):  # not listening", "        except OSError:  # not listening")],
+      "test_quant_guard.py::test_waiting_for_the_server_rides_out_answers_that_are_not_http"),
     # DFlash2 drafts for the engines (Y1-): the GGUF llama.cpp loads
     m("Y1", "the GGUF writer transposes the selector's tensors (codebooks and hidden projection)", "convert/gguf.py",
       [("    data = _array(ckpt, info)\n    if len(info.shape) == 1 or dflash2_gguf.kept_f32(name):",

@@ -34,6 +34,33 @@ def _settings(max_drop: float = 0.1, refuse: bool = True) -> GuardSettings:
     return GuardSettings(Path("target.gguf"), (), ("a prompt",), max_tau_drop=max_drop, refuse=refuse)
 
 
+def test_waiting_for_the_server_rides_out_answers_that_are_not_http(tmp_path):
+    """/health answered first with a line that is not HTTP, then with 200: the wait goes on, then returns (an
+    http.client.BadStatusLine escaped it as a traceback)."""
+    from loopback import JsonHandler, LoopbackServer
+
+    calls = []
+
+    class Handler(JsonHandler):
+        def do_GET(self):
+            calls.append(self.path)
+            if len(calls) == 1:
+                self.wfile.write(b"garbage\r\n")
+                self.close_connection = True
+            else:
+                self._send(200, {"status": "ok"})
+
+    class Running:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    with LoopbackServer(Handler, poll_interval=0.05) as server, open(tmp_path / "log", "w+") as log:
+        quant_guard._wait_healthy(server.url, Running(), log)
+    assert calls == ["/health", "/health"]
+
+
 def test_a_drop_beyond_the_threshold_is_refused_with_both_figures():
     with pytest.raises(GuardRefused) as refused:
         judge(_figures("unquantized", 3.0), _figures("quantized", 2.5), _settings(0.1))

@@ -353,8 +353,10 @@ def serve(
     """Measure a running engine with and without its draft: throughput, TTFT, inter-token latency, tokens/s per
     request and the acceptance the engine reports, at each concurrency.
 
-    Greedy (temperature 0) streamed /v1/completions. Exit code 2 when a URL is malformed or a server cannot
-    be reached, 1 when a request failed or timed out, 130 on Ctrl-C (after printing what was measured).
+    Greedy (temperature 0) streamed /v1/completions. Exit code 2 when a URL is malformed, a server cannot be
+    reached or fails the warm-up request, 1 when a request failed, timed out or produced no tokens (a server that
+    does not stream, or streams another event schema; the message says why), 130 on Ctrl-C and 143 on SIGTERM
+    (after printing what was measured).
     """
     from dspark_cli.cli.plan_load import parse_concurrency
     from dspark_cli.runtime.bench.serve import ServeConfig, has_chart, run_serve_bench, write_serve_chart

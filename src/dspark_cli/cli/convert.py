@@ -61,7 +61,8 @@ def convert(
 
     inputs = (local_inputs("draft", [draft]) + local_inputs("target", [target])
               + local_inputs("--guard-prompts file", [guard_prompts]) + local_inputs("--guard-target file",
-                                                                                     [guard_target]))
+                                                                                     [guard_target])
+              + local_inputs("--guard-draft folder", [guard_draft]))
     check_output_file(json_path, inputs + [("output", out)], "--json file")
     quant = Quantization(outtype, leave_output, guard_prompts, guard_target, guard_draft, max_tau_drop, guard_warn,
                          guard_tokens)

@@ -177,6 +177,7 @@ def _free_port() -> int:
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log) -> None:
+    import http.client
     import urllib.request
 
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -189,7 +190,7 @@ def _wait_healthy(url: str, process: subprocess.Popen, log) -> None:
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
                     return
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not listening yet, or an answer that is not HTTP yet
             time.sleep(0.25)
     raise DsparkError(f"llama-server did not answer /health within {STARTUP_TIMEOUT_S:.0f} s.")
 
