@@ -24,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_cli.runtime.checkpoint.families.dflash2 import ARCHITECTURE
+from dspark_cli.runtime.checkpoint.families.dflash2 import KEYS as SELECTOR_KEYS
+
 ARCH = "dflash"
-ARCHITECTURE = "DFlash2DraftModel"
-SELECTOR_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 LAYER_TENSORS = {  # DFlash2 names inside layers.N -> llama.cpp names inside blk.N
     "attention_conv.base_kernel": "attn_conv_base",
     "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
