@@ -61,6 +61,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP046": (WARNING, "vLLM soft-caps the Gemma-4 Markov bias, DeepSpec does not"),
     "DSP047": (ERROR, "Gemma-4 full-attention geometry not uniform or not stated"),
     "DSP048": (WARNING, "use_sliding_window without sliding layers: runs dense"),
+    "DSP049": (INFO, "sliding layers without use_sliding_window: llama.cpp's converter drops the window"),
     # DFlash2 drafts (checkpoint/families/dflash2.py: vLLM's qwen3_dflash2.py and llama.cpp's start-up refusals)
     "DSP060": (ERROR, "DFlash2 key missing from dflash_config or not a positive integer"),
     "DSP061": (ERROR, "DFlash2 hidden size not divisible by conv_group_size"),

@@ -215,6 +215,7 @@ def sliding_window(ctx: RuleContext) -> Results:
                     "dflash_config.swa_window_size or the top-level sliding_window'.",
                     "Set sliding_window (or dflash_config.swa_window_size), or make every layer full_attention.")
     use_swa = as_dict(view.get("dflash_config")).get("use_swa")
+    has_window = bool(as_dict(view.get("dflash_config")).get("swa_window_size") or view.get("sliding_window"))
     sliding = (isinstance(types, list) and "sliding_attention" in types) or use_swa
     if view.get("use_sliding_window") and not sliding:
         out.add("DSP048", f"use_sliding_window is true (window {view.get('sliding_window')!r}) but no layer is "
@@ -222,6 +223,11 @@ def sliding_window(ctx: RuleContext) -> Results:
                 "dflash_config.use_swa) only, so every layer runs dense, not as the draft was trained.",
                 "Mark the windowed layers sliding_attention in layer_types, or remove use_sliding_window if the draft "
                 "was trained dense.")
+    elif sliding and has_window and not use_swa and not view.get("use_sliding_window"):
+        out.add("DSP049", "layer_types has sliding_attention layers and use_sliding_window is not true; llama.cpp's "
+                "own converter (conversion/qwen.py) writes a window only with that key, so a GGUF it makes runs "
+                "every layer dense.", "Convert with dspark convert, which writes the window from layer_types, or set "
+                "use_sliding_window to true before converting with llama.cpp's script.")
     return out
 
 
