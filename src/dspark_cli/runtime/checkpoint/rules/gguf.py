@@ -32,7 +32,7 @@ from dspark_cli.runtime.checkpoint.gguf_read import (
 from dspark_cli.runtime.checkpoint.read import read_json, read_target_config
 from dspark_cli.runtime.checkpoint.rules.codes import Finding, Report, Results, SkippedCheck, sort_findings
 from dspark_cli.runtime.checkpoint.rules.context import MAX_DRAFT_LAYERS
-from dspark_cli.runtime.checkpoint.rules.values import positive_int
+from dspark_cli.runtime.checkpoint.rules.values import as_dict, positive_int
 from dspark_cli.runtime.checkpoint.target_config import TargetConfig
 
 ARCH = "dflash"
@@ -108,10 +108,12 @@ def _folder_tokens(source: str) -> dict[int, str]:
     path = Path(source).expanduser() / "tokenizer.json"
     if not path.is_file():
         return {}
-    tokenizer = read_json(path, "target tokenizer.json")
-    vocab = tokenizer.get("model", {}).get("vocab") if isinstance(tokenizer, dict) else None
-    tokens = {index: token for token, index in vocab.items()} if isinstance(vocab, dict) else {}
-    tokens.update({t["id"]: t["content"] for t in tokenizer.get("added_tokens", []) if isinstance(t, dict)})
+    tokenizer = as_dict(read_json(path, "target tokenizer.json"))
+    vocab = as_dict(as_dict(tokenizer.get("model")).get("vocab"))
+    tokens = {index: token for token, index in vocab.items() if isinstance(index, int)}
+    added = tokenizer.get("added_tokens") if isinstance(tokenizer.get("added_tokens"), list) else []
+    tokens.update({t["id"]: t["content"] for t in map(as_dict, added) if isinstance(t.get("id"), int)
+                   and isinstance(t.get("content"), str)})
     return tokens
 
 
