@@ -12,7 +12,8 @@ the target alone; llama.cpp's default KV cache and attention), then:
    REPEATS simulated audits of n samples per side (drawn from those histograms) that fail, with the dropped
    setting on one side (power) and with the audit's setting on both (false alarms), at the audit's threshold.
 
-    python benchmarks/audit_llamacpp.py [--samples 400] [--big 2000] [--repeats 400] [--json out.json]
+    python benchmarks/audit_llamacpp.py [--samples 400] [--big 2000] [--repeats 400] [--power-samples 50,100,200,400]
+                                        [--power-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ FAULTS = {"drop_top_p": "sampling", "drop_top_k": "sampling", "change_token": "g
 
 def summary(report, seconds: float) -> dict:
     doc = report.to_dict()
-    return {"verdict": doc["verdict"], "greedy": doc["greedy"], "seconds": seconds,
+    return {"verdict": doc["verdict"], "greedy": doc["greedy"], "seconds": seconds, "timings_s": doc["timings_s"],
             "checks": [{k: c[k] for k in ("name", "position", "chi2", "df", "p", "tv", "threshold", "passed")}
                        for c in doc["sampling"]["checks"]],
             "differences": [{"prompt": p["index"], "kind": p["kind"], "vs_plain": p["vs_plain"]}
@@ -59,7 +60,7 @@ def timed_audit(config: AuditConfig) -> dict:
     return summary(report, time.perf_counter() - start)
 
 
-def power(plain: str, big: int, samples: int, repeats: int, alpha: float) -> list[dict]:
+def power(plain: str, big: int, sizes: list[int], repeats: int, alpha: float) -> list[dict]:
     """TV of a dropped top_p / top_k at each position, and the simulated test's power and false-alarm rate."""
     server = connect_audit(plain, "plain", "auto", None, 120)
     ids = server.tokenize(shipped_prompts()[0].text)
@@ -74,13 +75,27 @@ def power(plain: str, big: int, samples: int, repeats: int, alpha: float) -> lis
             dropped = sample_tokens(dropped_server, context, sampling, [s + 2 * big for s in seeds], 2)
         for position in POSITIONS:
             p, q = Counter(t[position] for t in honest), Counter(t[position] for t in dropped)
-            draw = lambda counts: rng.choices(list(counts), list(counts.values()), k=samples)  # noqa: E731
-            fails = sum(homogeneity_test(draw(p), draw(q)).p < threshold for _ in range(repeats))
-            alarms = sum(homogeneity_test(draw(p), draw(p)).p < threshold for _ in range(repeats))
-            rows.append({"check": name, "position": position, "tv": total_variation(p, q), "distinct": len(p),
-                         "distinct_dropped": len(q), "samples": samples, "power": fails / repeats,
-                         "false_alarms": alarms / repeats, "threshold": threshold})
+            for n in sizes:
+                draw = lambda counts: rng.choices(list(counts), list(counts.values()), k=n)  # noqa: E731
+                fails = sum(homogeneity_test(draw(p), draw(q)).p < threshold for _ in range(repeats))
+                alarms = sum(homogeneity_test(draw(p), draw(p)).p < threshold for _ in range(repeats))
+                rows.append({"check": name, "position": position, "tv": total_variation(p, q), "distinct": len(p),
+                             "distinct_dropped": len(q), "samples": n, "power": fails / repeats,
+                             "false_alarms": alarms / repeats, "threshold": threshold})
     return rows
+
+
+def audits(out: dict, spec: str, plain: str, prompts, reference, base: dict) -> None:
+    """The clean audit and one per planted fault, into `out`."""
+    out["clean"] = timed_audit(AuditConfig(speculative=spec, prompts=prompts, reference=reference, **base))
+    print("clean", json.dumps(out["clean"]), flush=True)
+    out["faults"] = {}
+    for fault, kind in FAULTS.items():
+        with FaultProxy(spec, fault, plain=plain if fault == "no_draft" else None) as proxy:
+            changes = {"prompts": prompts[:1], "max_tokens": 12} if kind == "sampling" else {"samples": 0}
+            out["faults"][fault] = timed_audit(AuditConfig(**{**base, "speculative": proxy.url, "prompts": prompts,
+                                                              **changes}))
+        print(fault, json.dumps(out["faults"][fault]), flush=True)
 
 
 def main() -> int:
@@ -89,6 +104,8 @@ def main() -> int:
     parser.add_argument("--big", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=400)
     parser.add_argument("--alpha", type=float, default=0.01)
+    parser.add_argument("--power-samples", default="50,100,200,400", help="sample sizes whose power is simulated")
+    parser.add_argument("--power-only", action="store_true", help="skip the audits, measure the power alone")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     prompts = shipped_prompts()
@@ -98,16 +115,10 @@ def main() -> int:
         target, draft = demo_gguf(Path(tmp))
         with llama_server(target, draft, slots=2) as spec, llama_server(target, slots=2) as plain:
             base = dict(plain=plain, max_tokens=64, samples=args.samples, alpha=args.alpha)
-            out["clean"] = timed_audit(AuditConfig(speculative=spec, prompts=prompts, reference=reference, **base))
-            print("clean", json.dumps(out["clean"]), flush=True)
-            out["faults"] = {}
-            for fault, kind in FAULTS.items():
-                with FaultProxy(spec, fault, plain=plain if fault == "no_draft" else None) as proxy:
-                    changes = {"prompts": prompts[:1], "max_tokens": 12} if kind == "sampling" else {"samples": 0}
-                    out["faults"][fault] = timed_audit(AuditConfig(**{**base, "speculative": proxy.url,
-                                                                      "prompts": prompts, **changes}))
-                print(fault, json.dumps(out["faults"][fault]), flush=True)
-            out["power"] = power(plain, args.big, args.samples, args.repeats, args.alpha)
+            if not args.power_only:
+                audits(out, spec, plain, prompts, reference, base)
+            sizes = [int(n) for n in args.power_samples.split(",")]
+            out["power"] = power(plain, args.big, sizes, args.repeats, args.alpha)
             for row in out["power"]:
                 print("power", json.dumps(row), flush=True)
     if args.json:

@@ -9,8 +9,10 @@ with end of sequence ignored, and every generated token is compared: with the pl
 reference (the target's own greedy decoding of the same ids through `Pair.baseline`, float32) when a pair is given.
 Per prompt: identical, differs (the first differing position, both tokens, the text decoded from there) or
 inconclusive (no difference, but the engine drafted no token or accepted none for it, so equality proves nothing;
-the engine's own counters, audit_client.py). The run's verdict: differs when a prompt differs, else inconclusive
-when a prompt is, else identical.
+the engine's own counters, audit_client.py). A difference where the reference scores both candidates within
+`tie_margin` logits is a near tie float32 rounding may break either way (a verify pass and a decode step sum in
+another order): recorded, and both servers continue from the reference's token (`audit_prompt`). The run's
+verdict: differs when a prompt differs, else inconclusive when a prompt is, else identical.
 
 At T > 0 (`samples` > 0), a distribution check: a context (one prompt followed by the plain server's first
 FORCED_PREFIX greedy tokens) is sampled `samples` times on each server under each of SAMPLING_CHECKS (one with a
