@@ -174,9 +174,12 @@ class TargetModel:
         KV-sharing layers (Gemma-4 E2B / E4B: num_kv_shared_layers) include a captured one, since transformers runs
         those layers on the kept positions only when logits_to_keep is an int (Gemma4TextModel
         _maybe_slice_kv_shared_inputs), which would leave their hidden states one position long."""
-        shared = getattr(self.config.get_text_config(), "num_kv_shared_layers", 0) or 0
-        first_shared = self.num_layers - shared  # index of the first layer that reuses another layer's K/V
-        if shared and any(index - 1 >= first_shared for index in self.capture_indices):
+        text = self.config.get_text_config()
+        shared = getattr(text, "num_kv_shared_layers", 0) or 0
+        if not shared:
+            return 1
+        first_shared = text.num_hidden_layers - shared  # the first layer that reuses another layer's K/V
+        if any(index - 1 >= first_shared for index in self.capture_indices):
             return torch.tensor([length - 1], device=self.device)
         return 1
 
