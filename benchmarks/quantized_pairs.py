@@ -5,7 +5,7 @@
 
 For each pair (the demo pair, whose target fits in the CPU's cache; demo-large, the same function made
 memory-bound: docs/demo-large.md) the GGUF files are written by `dspark convert`'s library half, unquantized
-(the checkpoints' own dtypes: the draft's matrices BF16, the target's F32) and at Q8_0, Q4_0 (dspark's quantizer) and
+(the checkpoints' own dtypes: BF16 matrices here) and at Q8_0, Q4_0 (dspark's quantizer) and
 Q4_K_M (llama-quantize): runtime/convert/gguf_quant.py. A row is one (draft, target) precision: `full` measures
 all 16, `axes` the draft's four against the unquantized target and the target's four with the unquantized draft (7),
 `cross` those and both at each type (10). Each row is added to DIR/quantized_pairs.json as it is measured.
