@@ -127,9 +127,8 @@ def stopped(stop: KeyboardInterrupt | Terminated) -> int:
 
 
 def _with_written(message: str, files) -> str:
-    """An error message followed by the outputs this command had already put in place (those it does not name
-    itself), if any."""
-    written = files.unnamed_outputs(message)
+    """An error message followed by the outputs this command had already put in place, if any."""
+    written = files.written_outputs()
     if not written:
         return message
     return f"{message} Already written and kept: {', '.join(str(path) for path in written)}."

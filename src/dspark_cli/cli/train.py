@@ -116,7 +116,7 @@ def train(
     from dspark_cli.runtime.train.options import TrainOptions
     from dspark_cli.runtime.train.checks import checkpoint_shape
     from dspark_cli.runtime.train.new_draft import DraftShape
-    from dspark_cli.runtime.io.outputs import is_disk_error, kept_sentence
+    from dspark_cli.runtime.io.outputs import is_disk_error, written_outputs
     from dspark_cli.runtime.train.output import check_log_file
     from dspark_cli.runtime.train.verdict import engine_for_head
     from dspark_cli.runtime.train.tau import TauProbe
@@ -174,8 +174,10 @@ def train(
             if not (dist.is_main and is_disk_error(error)):
                 raise
             where = f" {error.filename}" if error.filename else ""
+            kept = _kept_after_interrupt(out, existed)  # the other outputs (the log) are named by handle_errors
             raise DsparkError(f"cannot write{where}: {error.strerror or error}; "
-                              f"{kept_sentence(_kept_after_interrupt(out, existed))}.") from None
+                              f"{kept or ('no checkpoint was written' if written_outputs() else 'nothing was written')}"
+                              ".") from None
     render.console.print(Text.assemble("draft written to ", (str(final), "bold")))
     if dist.is_main:
         _judge(final, target, chosen, named=engine_name != "auto")
