@@ -9,10 +9,11 @@ row), a name not ending in `weight` (`d2t`, `markov_w2.scale`), a `*_norm.weight
 32-value blocks falls back to F16. `keep_output` leaves `output.weight` (the lm_head) as it was, like llama-quantize's
 option that leaves the output tensor.
 
-Q8_0, Q4_0 and Q4_K are written "pure" (every eligible matrix in the one type; for Q4_K, Q5_0 where a row is not whole
-256-value super-blocks), the file `llama-quantize --pure` writes, byte for byte (tests/convert/test_gguf_quant.py compares them); llama.cpp's own Q4_0 mixture would put output.weight
-in Q6_K. Q4_K_M is llama.cpp's mixture (Q4_K, Q6_K for output.weight and half the attn_v / ffn_down, Q5_0 where a
-row is not whole 256-value super-blocks, as the dflash Markov matrices of rank 128 are), so it is llama-quantize's.
+Q8_0, Q4_0 and Q4_K are written "pure" (every eligible matrix in the one type; for Q4_K, Q5_0 where a row is not
+whole 256-value super-blocks), the file `llama-quantize --pure` writes, byte for byte (tests/convert/test_gguf_quant.py
+compares them); llama.cpp's own Q4_0 mixture would put output.weight in Q6_K. Q4_K_M is llama.cpp's mixture (Q4_K,
+Q6_K for output.weight and half the attn_v / ffn_down, Q5_0 where a row is not whole 256-value super-blocks, as the
+dflash Markov matrices of rank 128 are), so it is llama-quantize's.
 """
 
 from __future__ import annotations
