@@ -205,7 +205,7 @@ def test_quantized_pair_in_llamacpp_equals_its_plain_target(tmp_path, demo_ggufs
 
 
 def _encoded(texts: list[str]) -> list[list[int]]:
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(TARGET))
-    return [tokenizer(text)["input_ids"] for text in texts]
+    tokenizer = Tokenizer.from_file(str(TARGET / "tokenizer.json"))
+    return [tokenizer.encode(text).ids for text in texts]
