@@ -10,7 +10,7 @@ heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
 model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk and training (F1-F8), quantized GGUFs with the acceptance guard (Q1-), and validate on
-GGUF files, the silent-degradation rules and the probe (R1-R7).
+GGUF files, the silent-degradation rules and the probe (R1-R7), and bench audit's check of a live engine (X1-X5).
 """
 
 from __future__ import annotations
