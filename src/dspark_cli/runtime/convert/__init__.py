@@ -5,8 +5,9 @@ llama.cpp's GGUF, torch-free.
                   llama.cpp's own converter writes them), or the one-sentence reason it cannot be faithful
 - target_gguf.py  a Hugging Face Qwen3 / Qwen2 target as llama.cpp's `qwen3` / `qwen2` GGUF, or the reason it is refused
 - gguf_vocab.py   a byte-level BPE tokenizer as GGUF tokenizer keys, the pre-tokenizer named by its regexes
-- gguf_quant.py   such a GGUF quantized: Q8_0 / Q4_0 by dspark's block quantizers (llama-quantize --pure's bytes),
-                  Q4_K_M by llama.cpp's llama-quantize; llama.cpp's rules for what stays unquantized
+- gguf_quant.py   such a GGUF quantized: Q8_0 / Q4_0 / Q4_K by dspark's block quantizers (llama-quantize --pure's
+                  bytes), Q4_K_M by llama.cpp's llama-quantize; llama.cpp's rules for what stays unquantized
+- gguf_kquant.py  Q4_K super-blocks (ggml's scale search, 6-bit packing) and Q5_0 blocks, its fallback
 - layouts.py      a DSpark draft between DeepSpec's and speculators' layouts (both vLLM's), tensors byte for byte
 
     convert_to_gguf("./my-draft", "draft.gguf", target="./my-target")
