@@ -1,4 +1,4 @@
-"""`dspark bench audit` against stand-in engines (a llama.cpp-API one and a vLLM-API one on loopback): every
+"""`dspark bench audit` against stand-in engines (llama.cpp's, vLLM's and SGLang's APIs on loopback): every
 generated token compared, near ties of the reference passed over, drafting counts read per request, the T > 0
 test's two sides, verdicts, exit codes and the JSON document. vLLM and SGLang are tested only this way here (their
 API as their sources define it); tests/bench/test_audit_real.py runs the real llama-server."""
@@ -47,7 +47,8 @@ class StandIn:
     return_token_ids, /metrics counters). `change_at`: greedy answers get another token there; `drafted` /
     `accepted`: its drafting per request; `honor_top_p` False: it samples as if top_p were 1."""
 
-    api: str = "llamacpp"
+    api: str = "llamacpp"  # or "vllm", "sglang" (/v1/completions; SGLang: its mean accept length in server info)
+    accept_length: float = 2.5
     change_at: int | None = None
     drafted: int = 14
     accepted: int = 6
@@ -65,6 +66,8 @@ class StandIn:
                     self._send(200, {"data": [{"id": "stand-in"}]})
                 elif self.path == "/props" and engine.api == "llamacpp":
                     self._send(200, {"default_generation_settings": {}})
+                elif self.path == "/get_server_info" and engine.api == "sglang":
+                    self._send(200, {"internal_states": [{"avg_spec_accept_length": engine.accept_length}]})
                 elif self.path == "/metrics" and engine.api == "vllm":
                     data = engine.metrics().encode()
                     self.send_response(200)
@@ -262,6 +265,18 @@ def test_vllm_api_token_ids_and_counters_per_request():
     assert all(b["return_token_ids"] and b["ignore_eos"] and isinstance(b["prompt"], list) for b in greedy)
     with StandIn(api="vllm", change_at=12) as spec, StandIn(api="vllm") as plain:
         assert [p.vs_plain.position for p in audit(spec, plain).prompts] == [12, 12]
+
+
+def test_sglang_api_drafting_from_its_mean_accept_length():
+    with StandIn(api="sglang") as spec, StandIn(api="sglang") as plain:
+        report = audit(spec, plain, samples=10, prompts=PROMPTS[:1])
+        sampled = [b for b in spec.bodies if b["temperature"] > 0]
+    assert report.servers["speculative"].engine == "sglang" and report.verdict == "identical"
+    assert report.prompts[0].drafted is None and report.sglang_accept_length == 2.5
+    assert {b["top_k"] for b in sampled} == {-1, 4}  # SGLang's "off" is -1
+    with StandIn(api="sglang", accept_length=1.0) as spec, StandIn(api="sglang") as plain:
+        off = audit(spec, plain)
+    assert off.drafting_unknown and off.verdict == "inconclusive" and off.exit_code == EXIT_INCONCLUSIVE
 
 
 # --- the command --------------------------------------------------------------------------------------------
