@@ -1,6 +1,6 @@
 """Does the draft still pay after quantization? Draft × target precision in the real llama.cpp (b11434).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quantized_pairs.py [--pairs demo,demo-large] [--grid full|cross|axes]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quantized_pairs.py [--pairs demo,demo-large] [--grid full|cross|axes|same]
         [--repeats 3] [--prompts 4] [--max-tokens 64] [--out DIR]
 
 For each pair (the demo pair, whose target fits in the CPU's cache; demo-large, the same function made
@@ -8,7 +8,7 @@ memory-bound: docs/demo-large.md) the GGUF files are written by `dspark convert`
 (the checkpoints' own dtypes: BF16 matrices here) and at Q8_0, Q4_0 (dspark's quantizer) and
 Q4_K_M (llama-quantize): runtime/convert/gguf_quant.py. A row is one (draft, target) precision: `full` measures
 all 16, `axes` the draft's four against the unquantized target and the target's four with the unquantized draft (7),
-`cross` those and both at each type (10). Each row is added to DIR/quantized_pairs.json as it is measured.
+`cross` those and both at each type (10), `same` only both at each type (3). Each row is added to DIR/quantized_pairs.json as it is measured.
 
 Each row is one run: a plain llama-server on the row's target and a speculative one on the target and draft (dspark's
 flags, `--metrics`), one thread each, up at once; REPEATS passes, each sending the prompts (the demo's eval prompts,
@@ -60,7 +60,8 @@ def rows_of(grid: str) -> list[tuple[str, str]]:
     if grid == "full":
         return [(d, t) for t in PRECISIONS for d in PRECISIONS]
     axes = [(d, "unquantized") for d in PRECISIONS] + [("unquantized", t) for t in PRECISIONS[1:]]
-    return axes if grid == "axes" else axes + [(kind, kind) for kind in PRECISIONS[1:]]
+    same = [(kind, kind) for kind in PRECISIONS[1:]]
+    return {"axes": axes, "same": same, "cross": axes + same}[grid]
 
 
 def measure_row(files: dict, draft_kind: str, target_kind: str, prompts: list[str], args) -> dict:
@@ -108,7 +109,7 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="demo,demo-large")
-    parser.add_argument("--grid", choices=("full", "cross", "axes"), default="full")
+    parser.add_argument("--grid", choices=("full", "cross", "axes", "same"), default="full")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes per row")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
