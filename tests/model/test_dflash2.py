@@ -185,6 +185,19 @@ def test_teacher_forced_logits_are_the_walk_rows_on_the_candidates(draft):
             torch.testing.assert_close(logits[0, a, j, ids[0]], row, rtol=1e-5, atol=1e-5)
 
 
+def test_the_training_length_estimate_skips_the_anchor_slot_of_the_dflash_layout(draft):
+    """LossTerms.expected_length chains the drafted slots only: in the DFlash layout the anchor's slot predicts
+    nothing, and a draft equal to the target there has expected length 1 + N."""
+    from dspark_cli.runtime.train.loss import loss_sums, normalise
+    from dspark_cli.runtime.train.options import TrainOptions
+
+    tokens = torch.randint(2, 250, (1, 40), generator=torch.Generator().manual_seed(6))
+    blocks = build_blocks(tokens, torch.tensor([[10, 20]]), 4, SPEC.mask_token_id, sample_from_anchor=False)
+    logits = torch.randn(1, 2, 4, SPEC.vocab_size)
+    terms = normalise(loss_sums(logits, logits, None, blocks, TrainOptions()), TrainOptions())
+    assert terms.expected_length == pytest.approx(4.0)
+
+
 def _block_hidden(draft, features, blocks):
     from dspark_cli.runtime.train.loss import block_hidden
 

@@ -50,6 +50,8 @@ class BlockBatch:
     valid: torch.Tensor  # [B, A, K] bool: a+j+1 inside the window
     target_index: torch.Tensor  # [B, A, K]: a+j, where the target predicts label j (clamped)
     attn_mask: torch.Tensor  # [B, A*K, T + A*K] bool: True = may attend
+    drafting: torch.Tensor | None = None  # [K] bool: the slots that draft (the DFlash layout: all but the anchor's);
+    # None: every slot
 
 
 def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int,
@@ -86,6 +88,7 @@ def build_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, m
         valid=valid,
         target_index=(label_index - 1).clamp(0, T - 1),
         attn_mask=torch.cat([context_visible, same_block], dim=-1),
+        drafting=offsets >= (0 if sample_from_anchor else 1),
     )
 
 
@@ -133,7 +136,8 @@ def loss_sums(draft_logits: torch.Tensor, target_logits: torch.Tensor, confidenc
         bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), accept, reduction="none")
         confidence = (bce * weights).sum()
     valid = blocks.valid.float()
-    length_sum = (accept * valid).cumprod(-1).sum(-1).sum()  # over blocks: accepted length - 1
+    chain = accept * valid if blocks.drafting is None else (accept * valid)[..., blocks.drafting]  # drafted slots
+    length_sum = chain.cumprod(-1).sum(-1).sum()  # over blocks: accepted length - 1
     sums = [weights.sum(), ce, l1, confidence if confidence is not None else torch.zeros((), device=ce.device)]
     stats = torch.cat([torch.stack(sums).detach(), (accept * valid).sum((0, 1)), valid.sum((0, 1)),
                        length_sum[None], torch.tensor([float(valid.shape[0] * valid.shape[1])], device=ce.device)])
