@@ -293,6 +293,7 @@ def test_cli_json_and_exit_codes(tmp_path):
     assert ok.exit_code == 0, ok.output
     doc = json.loads(out.read_text())
     assert doc["format"] == "dspark-bench-audit/1" and doc["verdict"] == "identical"
+    assert doc["settings"]["samples"] == 60 and doc["settings"]["tie_margin"] == 0.01
     assert doc["greedy"]["identical"] == 2 and len(doc["sampling"]["checks"]) == 4
     assert len(doc["prompts"][0]["speculative_tokens"]) == 16
     with StandIn(change_at=9) as spec, StandIn() as plain:

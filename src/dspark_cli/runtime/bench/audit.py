@@ -369,6 +369,7 @@ class AuditReport:
                 "settings": {"max_tokens": c.max_tokens, "samples": c.samples, "alpha": c.alpha,
                              "positions": list(POSITIONS), "forced_prefix": FORCED_PREFIX, "seed": c.seed,
                              "sample_prompt": c.sample_prompt, "concurrency": c.concurrency,
+                             "tie_margin": c.tie_margin,
                              "reference": None if c.reference is None else {"target": c.reference[0],
                                                                             "draft": c.reference[1]}},
                 "greedy": {"prompts": len(self.prompts),
