@@ -9,7 +9,7 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk and training (F1-F8), quantized GGUFs with the acceptance guard (Q1-), and validate on
+model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk and training (F1-F10), quantized GGUFs with the acceptance guard (Q1-), and validate on
 GGUF files, the silent-degradation rules and the probe (R1-R7), and bench audit's check of a live engine (X1-X5).
 """
 
@@ -633,6 +633,13 @@ MUTATIONS = [
     m("F8", "the selector's confidence the top-1 share's complement", "decode/selector.py",
       [("return -torch.logsumexp(others, dim=-1)", "return torch.logsumexp(others, dim=-1)")],
       "test_dflash2.py::test_greedy_walk_equals_the_lattice_walk"),
+    m("F9", "a new DFlash2 draft's codebooks left at zero (the selector never trains)", "model/selector.py",
+      [("        nn.init.normal_(self.predecessor_codebook, std=std)\n        nn.init.normal_(self.successor_codebook, "
+        "std=std)\n", "        pass\n")],
+      "test_dflash2.py::test_a_new_draft_trains_its_selector_and_starts_its_convolution_as_the_identity"),
+    m("F10", "train's expected length chains the DFlash layout's anchor slot", "train/loss.py",
+      [("(accept * valid)[..., blocks.drafting]  # drafted slots", "(accept * valid)  # drafted slots")],
+      "test_dflash2.py::test_the_training_length_estimate_skips_the_anchor_slot_of_the_dflash_layout"),
     # issue 36 (X1-X5): bench audit, a live engine's speculative output against its plain output
     m("X1", "the audit compares only the first 8 generated tokens", "bench/audit.py",
       [("for position, (a, b) in enumerate(zip(ours, theirs)):",

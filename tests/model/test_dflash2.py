@@ -198,6 +198,27 @@ def test_the_training_length_estimate_skips_the_anchor_slot_of_the_dflash_layout
     assert terms.expected_length == pytest.approx(4.0)
 
 
+def test_a_new_draft_trains_its_selector_and_starts_its_convolution_as_the_identity():
+    """A freshly built DFlash2 draft (train's start): the convolution is the identity (tap 0 = 1), and one loss
+    step reaches both codebooks (at zero their product would keep the edge term and its gradients at zero)."""
+    from ckpt_factory import draft_config
+
+    from dspark_cli.runtime.checkpoint.config import DraftConfig
+    from dspark_cli.runtime.model.draft import DSparkDraft
+
+    torch.manual_seed(0)
+    fresh = DSparkDraft(DraftConfig.from_dict(draft_config(SPEC)))
+    base = fresh.layers[0].attention_conv.base_kernel.detach()
+    assert torch.equal(base[:, 0], torch.ones_like(base[:, 0])) and not base[:, 1:].any()
+    tokens = torch.randint(2, 250, (1, 40), generator=torch.Generator().manual_seed(7))
+    blocks = build_blocks(tokens, torch.tensor([[10, 25]]), SPEC.block_size, SPEC.mask_token_id,
+                          sample_from_anchor=False)
+    logits, _ = draft_forward(fresh, torch.randn(1, 40, 2 * SPEC.hidden_size), blocks)
+    torch.nn.functional.cross_entropy(logits[blocks.valid], blocks.labels[blocks.valid]).backward()
+    selector = fresh.candidate_selector
+    assert selector.predecessor_codebook.grad.abs().sum() > 0 and selector.successor_codebook.grad.abs().sum() > 0
+
+
 def _block_hidden(draft, features, blocks):
     from dspark_cli.runtime.train.loss import block_hidden
 

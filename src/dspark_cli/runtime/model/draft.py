@@ -73,6 +73,9 @@ class DSparkDraft(nn.Module):
         for name, buffer in self.named_buffers():
             if name.endswith("layer_scalar"):
                 nn.init.ones_(buffer)
+        for module in self.modules():  # bare parameters with their own rule (DFlash2's convolution and selector)
+            if hasattr(module, "init_parameters"):
+                module.init_parameters(std)
 
     # --- forward pieces ---------------------------------------------------------------------------------------
 

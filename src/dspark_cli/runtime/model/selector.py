@@ -24,6 +24,12 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
 
+    def init_parameters(self, std: float) -> None:
+        """Both codebooks N(0, std), like the Markov head's tables: at zero the edge term and both its gradients
+        would stay zero (a product of the two codebooks)."""
+        nn.init.normal_(self.predecessor_codebook, std=std)
+        nn.init.normal_(self.successor_codebook, std=std)
+
     def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [..., N, V] -> (ids [..., N, k] int64, their logits [..., N, k]), largest first."""
         values, ids = logits.topk(self.top_k, dim=-1)

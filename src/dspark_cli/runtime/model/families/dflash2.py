@@ -30,6 +30,13 @@ class GroupedConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.zeros(2, K, H))  # [side, tap, channel]
         self.kernel_projection = nn.Linear(H, 2 * K * self.groups, bias=False)
 
+    def init_parameters(self, std: float) -> None:
+        """A new draft's convolution starts as the identity: tap 0 of both sides 1, the other taps 0 (the dynamic
+        part, kernel_projection, is a Linear and drawn like the others)."""
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+
     def coefficients(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, L, H] -> the dynamic part of both sides' kernels [B, L, 2, K, G]."""
         return self.kernel_projection(x).unflatten(-1, (2, self.taps, self.groups))
