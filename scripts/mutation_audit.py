@@ -585,6 +585,16 @@ MUTATIONS = [
       [("earlier = F.pad(y[:, : L - tap], (0, 0, tap, 0))", "earlier = F.pad(y[:, : L - tap - 1], (0, 0, tap + 1, 0))")],
       "test_dflash2.py::test_grouped_conv_equals_the_reference"),
     m("F2", "the selector's pairwise term dropped (scores = the candidates' logits)", "model/selector.py",
+    # quantize --scope draft (Q12-Q14): the drafter's Linear layers in NVFP4 W4A16
+    m("Q12", "scope draft quantizes the lm_head when the user excluded it", "quantize/draft_scope.py",
+      [("(names[0] == LM_HEAD and not lm_head)", "(names[0] == LM_HEAD and False)")],
+      "test_quantize_draft.py::test_the_lm_head_is_quantized_only_when_asked"),
+    m("Q13", "q/k/v and gate/up quantized one by one (a global scale each; vLLM keeps only the largest)",
+      "quantize/draft_scope.py", [("    for names in groups:\n", "    for names in [(n,) for group in groups for n in group]:\n")],
+      "test_quantize_draft.py::test_fused_shards_share_one_global_scale"),
+    m("Q14", "an NVFP4 Linear layer dequantized at load without its weight_scale_2", "model/draft_io.py",
+      [('parts["weight_scale_2"].to(torch.float32).reshape(()))', 'torch.ones(()))')],
+      "test_quantize_draft.py::test_validate_is_clean_and_the_weights_dequantize_at_load"),
     # validate on GGUF files, the silent-degradation rules and the probe (R1-): tests/fixtures/misexport.py's corpus
     m("R1", "validate's GGUF reader skips the +1 on layer ids", "checkpoint/gguf_read.py",
       [("return [k - 1 for k in llamacpp_ids]", "return list(llamacpp_ids)")],

@@ -1,4 +1,5 @@
-"""`dspark quantize`: the Markov head's markov_w2 in NVFP4 W4A16 (ModelOpt format) that vLLM loads."""
+"""`dspark quantize`: the Markov head's markov_w2 (--scope markov) or the draft's Linear layers (--scope draft) in
+NVFP4 W4A16 (ModelOpt format) that vLLM loads."""
 
 from __future__ import annotations
 
@@ -11,12 +12,18 @@ from rich.text import Text
 
 from dspark_cli.cli import options
 from dspark_cli.cli.render import console, emit_json, err_console, handle_errors
+from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.units import format_bytes
 
 
 class Engine(str, Enum):
     modelopt = "modelopt"
     torch = "torch"
+
+
+class Scope(str, Enum):
+    markov = "markov"
+    draft = "draft"
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +39,13 @@ def quantize(
     engine: Engine = typer.Option(
         Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
     ),
+    scope: Scope = typer.Option(
+        Scope.markov, "--scope",
+        help="markov: markov_w2 only; draft: every decoder Linear layer and fc (NVFP4 W4A16).",
+    ),
+    lm_head: bool = typer.Option(
+        False, "--lm-head/--no-lm-head", help="With --scope draft: also quantize the draft's own lm_head.",
+    ),
     force: options.force("Replace OUT if it exists.") = False,
     revision: options.Revision = None,
     sample_rows: int = typer.Option(
@@ -45,6 +59,11 @@ def quantize(
     from dspark_cli.runtime.quantize.write import quantize_checkpoint
 
     check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + [("output folder", out)], "--json file")
+    if scope is Scope.draft:
+        _quantize_draft(checkpoint, out, lm_head, engine, force, revision, sample_rows, json_path)
+        return
+    if lm_head:
+        raise DsparkError("--lm-head needs --scope draft (--scope markov quantizes markov_w2 only).")
     report = quantize_checkpoint(
         checkpoint, out, engine=engine.value, force=force, revision=revision, sample_rows=sample_rows
     )
@@ -54,6 +73,33 @@ def quantize(
         emit_json(report.to_dict(), json_path)
     if not options.to_stdout(json_path):
         console.print(_table(report))
+
+
+def _quantize_draft(checkpoint, out, lm_head, engine, force, revision, sample_rows, json_path) -> None:
+    from dspark_cli.runtime.quantize.draft_scope import quantize_draft
+
+    if sample_rows is not None:
+        raise DsparkError("--sample-rows measures the Markov bias of --scope markov; drop it with --scope draft.")
+    report = quantize_draft(checkpoint, out, lm_head=lm_head, engine=engine.value, force=force, revision=revision)
+    if json_path is not None:
+        emit_json(report.to_dict(), json_path)
+    if not options.to_stdout(json_path):
+        table = Table(title=Text(f"dspark quantize --scope draft → {report.output}"), show_header=False,
+                      title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        rows = [
+            ("format", "NVFP4 W4A16 (group 16), MIXED_PRECISION"),
+            ("quantized layers", f"{len(report.quantized_layers)} (lm_head {'in' if report.lm_head else 'out'})"),
+            ("engine", engine.value),
+            ("size", f"{format_bytes(report.bytes_before)} → {format_bytes(report.bytes_after)} "
+                     f"({report.compression_ratio:.2f}x smaller)"),
+            ("worst relative Frobenius error", f"{report.worst_relative_frobenius_error:.4f} ({report.worst_layer})"),
+            ("wall time", f"{report.wall_s:.2f} s"),
+        ]
+        for key, value in rows:
+            table.add_row(Text(key), Text(str(value)))
+        console.print(table)
 
 
 def _table(report) -> Table:

@@ -48,11 +48,16 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
     scalars = {n: b for n, b in model.named_buffers() if n.endswith("layer_scalar")}  # Gemma-4: default 1.0
     params.update(scalars)
     nvfp4 = {}
+    nvfp4_linears: dict[str, dict[str, torch.Tensor]] = {}
     for canonical, stored in names.items():
         if canonical.startswith("markov_head.markov_w2.") and (
             canonical != MARKOV_W2 or ckpt.tensors[stored].dtype == "U8"
         ):
             nvfp4[canonical.rsplit(".", 1)[-1]] = ckpt.load_tensor(stored)
+            continue
+        module, _, part = canonical.rpartition(".")
+        if part in ("weight_scale", "weight_scale_2") or (part == "weight" and ckpt.tensors[stored].dtype == "U8"):
+            nvfp4_linears.setdefault(module, {})[part] = ckpt.load_tensor(stored)  # scope-draft NVFP4 layer
             continue
         if canonical == "d2t":
             model.d2t = ckpt.load_tensor(stored).to(device=device, dtype=torch.long)
@@ -67,6 +72,8 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
             params[canonical].copy_(tensor.to(dtype))
     if nvfp4:
         _load_nvfp4_w2(model, nvfp4, ckpt.source, dtype, device)
+    for module, parts in nvfp4_linears.items():
+        _load_nvfp4_linear(params, module, parts, ckpt.source, dtype)
     share_from_target(model, names, "embed_tokens.weight", target_embed, ckpt.source, dtype)
     share_from_target(model, names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
     loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
@@ -76,6 +83,7 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
     loaded |= set(scalars)
     if nvfp4:
         loaded.add(MARKOV_W2)
+    loaded |= {f"{module}.weight" for module in nvfp4_linears}
     missing = sorted(set(params) - loaded)
     if missing:
         raise DsparkError(f"{ckpt.source}: required tensor {missing[0]!r} is missing"
@@ -101,6 +109,24 @@ def _load_nvfp4_w2(model: DSparkDraft, parts: dict[str, torch.Tensor], source: s
                           f"implies {list(w2.shape)}; run `dspark validate` on it.")
     with torch.no_grad():
         w2.copy_(dense.to(dtype))
+
+
+def _load_nvfp4_linear(params, module: str, parts: dict[str, torch.Tensor], source: str, dtype) -> None:
+    """A Linear layer `dspark quantize --scope draft` wrote in NVFP4 W4A16, dequantized to `dtype` at load."""
+    from dspark_cli.kernels.nvfp4 import NVFP4Weight, dequantize_nvfp4
+
+    name = f"{module}.weight"
+    if set(parts) != {"weight", "weight_scale", "weight_scale_2"} or name not in params:
+        raise DsparkError(f"{source}: the NVFP4 layer {module} needs weight, weight_scale and weight_scale_2 of a "
+                          f"Linear layer; found {sorted(parts)}; run `dspark validate` on it.")
+    weight = NVFP4Weight(parts["weight"], parts["weight_scale"],
+                         parts["weight_scale_2"].to(torch.float32).reshape(()))
+    dense = dequantize_nvfp4(weight, torch.float32)  # [N, K]
+    if tuple(dense.shape) != tuple(params[name].shape):
+        raise DsparkError(f"{source}: the NVFP4 layer {module} dequantizes to {list(dense.shape)} but the config "
+                          f"implies {list(params[name].shape)}; run `dspark validate` on it.")
+    with torch.no_grad():
+        params[name].copy_(dense.to(dtype))
 
 
 def share_from_target(model: DSparkDraft, names, name: str, weight: torch.Tensor | None, source: str,
