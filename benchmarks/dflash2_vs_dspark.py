@@ -7,8 +7,8 @@
    interval and the acceptance at each position j (share of rounds accepting more than j drafts), per temperature.
 2. Draft cost per round, measured here for both drafts in the same process, interleaved: the draft's parallel pass
    (DFlash2's includes its convolutions) plus its sequential stage (DSpark's Markov walk, DFlash2's selector and its
-   walk), the median over ROUNDS rounds at contexts of 100-199 tokens of json/decoder.py, T = 0, float32, and the ratio
-   DFlash2 / DSpark. The target's verify pass is the same for both and left out.
+   walk), the median over ROUNDS rounds at contexts of 100-199 tokens of the standard library's json.decoder source,
+   T = 0, float32, and the ratio DFlash2 / DSpark. The target's verify pass is the same for both and left out.
 """
 
 from __future__ import annotations

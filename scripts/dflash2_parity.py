@@ -4,9 +4,10 @@
     python scripts/dflash2_parity.py --target T --draft D --json bad.json --perturb selector   # a negative control
     python scripts/dflash2_parity.py --compare dspark.json other.json                    # exit 1 unless identical
 
-Which reference: vLLM's DFlash2 drafting function (`dflash2/speculator.py`, `_selector_walk_kernel`) is readable but
-vLLM is not installed here, so it cannot be run; the engine side is llama.cpp b11434's graph through the real binary
-on the same weights (convert --to gguf, llama-server), written in this file's JSON by the engine half of issue 38.
+Which reference: vLLM's DFlash2 drafting function (`vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py`,
+`_selector_walk_kernel`) is readable but vLLM is not installed here, so it cannot be run. llama.cpp b11434 runs the
+same weights (convert --to gguf, llama-server) but reports no per-round drafts, only each request's drafted and
+accepted counts, which scripts/llamacpp_check.py compares with dspark's.
 
 The JSON: {"prompts": [{"prompt": [ids], "tokens": [ids], "rounds": [{"drafted": [ids], "accepted": m}]}], ...}:
 each round's drafted tokens d_1..d_N (every position drafted, no confidence cut), the accepted count, and the

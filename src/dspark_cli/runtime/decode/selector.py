@@ -1,6 +1,6 @@
 """The DFlash2 walk: one token per mask slot through the selector's edge scores (docs/formats-other.md §7.4; vLLM
-`dflash2/speculator.py` `_selector_walk_kernel` and llama.cpp b11434 `common/speculative.cpp` (`is_dflash2`), read
-for the rule).
+`vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py` `_selector_walk_kernel` and llama.cpp b11434
+`common/speculative.cpp` (`is_dflash2`), read for the rule).
 
 For blocks b and slots j = 1..N (scores S [B, N, k, k] from runtime/model/selector.py, candidates c [B, N, k]):
 
