@@ -118,6 +118,8 @@ def llama_server(target_gguf: Path, draft_gguf: Path | None = None, slots: int =
     speculative flags, when given: dspark's for the demo draft by default), wait until /health answers 200, yield its
     URL, stop it. `log` keeps the server's output (a temporary file otherwise); `server` is another llama-server
     binary; a server that exits or never gets healthy raises RuntimeError with its log's tail."""
+    from dspark_cli.runtime.bench.quant_guard import stop_server
+
     argv = [str(server or SERVER), "-m", str(target_gguf)]
     if draft_gguf is not None:
         argv += ["-md", str(draft_gguf)] + list(dspark_spec_args() if spec is None else spec)
@@ -135,7 +137,7 @@ def llama_server(target_gguf: Path, draft_gguf: Path | None = None, slots: int =
                     yield url
                     return
             finally:
-                _stop(process)
+                stop_server(process)
         raise RuntimeError(f"llama-server could not bind a port:\n{log_path.read_text()[-3000:]}")
 
 
@@ -155,13 +157,3 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float
         except OSError:
             time.sleep(0.25)
     raise RuntimeError(f"llama-server did not become healthy in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

@@ -167,7 +167,7 @@ def llama_server(settings: GuardSettings, target_gguf: Path, draft_gguf: Path) -
             _wait_healthy(f"http://127.0.0.1:{port}", process, log)
             yield f"http://127.0.0.1:{port}"
         finally:
-            _stop(process)
+            stop_server(process)
 
 
 def _free_port() -> int:
@@ -195,7 +195,8 @@ def _wait_healthy(url: str, process: subprocess.Popen, log) -> None:
     raise DsparkError(f"llama-server did not answer /health within {STARTUP_TIMEOUT_S:.0f} s.")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_server(process: subprocess.Popen) -> None:
+    """Terminate a server process, killing it after 30 s."""
     if process.poll() is None:
         process.terminate()
         try:
