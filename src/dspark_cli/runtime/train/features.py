@@ -37,7 +37,7 @@ from torch import nn
 
 from dspark_cli.errors import DsparkError
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: the tokenizer hash covers the whole tokenizer definition (1: vocabulary and special ids)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RECORD_KEYS = ("tokens", "loss_mask", "layers", "last_hidden")  # the tensor names of one record
 TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "added_tokens")  # what sets the ids
