@@ -70,21 +70,28 @@ def exact_conditionals(target: TargetModel) -> torch.Tensor:
     return target_probs(logits, PARAMS).double()
 
 
-def test_emitted_tokens_follow_the_target_distribution(pair):
-    target, draft = pair
-    exact = exact_conditionals(target)
-    generator = torch.Generator().manual_seed(0)
+def bigram_counts(target, draft, seed: int, threshold: float, tokens_each: int):
+    """GENERATIONS generations from prompts [g % VOCAB], every other one with the confidence threshold: the counts of
+    each emitted (previous, next) token pair [VOCAB, VOCAB] and every round's record."""
+    generator = torch.Generator().manual_seed(seed)
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     rounds = []
     for g in range(GENERATIONS):
         prompt = [g % VOCAB]
-        threshold = 0.05 if g % 2 else None  # every other generation verifies only confident prefixes
-        result = generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=TOKENS_EACH,
-                                      confidence_threshold=threshold, generator=generator)
+        result = generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=tokens_each,
+                          confidence_threshold=threshold if g % 2 else None, generator=generator)
         sequence = torch.tensor(prompt + result.tokens)
         counts.index_put_((sequence[:-1], sequence[1:]), torch.ones(len(result.tokens), dtype=torch.float64),
                           accumulate=True)
         rounds += result.stats.rounds
+    return counts, rounds
+
+
+def test_emitted_tokens_follow_the_target_distribution(pair):
+    target, draft = pair
+    exact = exact_conditionals(target)
+    # every other generation verifies only confident prefixes
+    counts, rounds = bigram_counts(target, draft, seed=0, threshold=0.05, tokens_each=TOKENS_EACH)
 
     # the run exercised what it claims: rejections, full acceptances, cut rounds, residual-only tokens
     assert {r.accepted for r in rounds} == {0, 1, 2, 3, 4}
@@ -123,18 +130,7 @@ def dflash2_pair(pair, tmp_path_factory):
 def test_dflash2_emitted_tokens_follow_the_target_distribution(dflash2_pair):
     target, draft = dflash2_pair
     exact = exact_conditionals(target)
-    generator = torch.Generator().manual_seed(1)
-    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-    rounds = []
-    for g in range(GENERATIONS):
-        prompt = [g % VOCAB]
-        threshold = 0.3 if g % 2 else None
-        result = generate(target, draft, prompt, PARAMS, block_size=4, max_new_tokens=DFLASH2_TOKENS_EACH,
-                          confidence_threshold=threshold, generator=generator)
-        sequence = torch.tensor(prompt + result.tokens)
-        counts.index_put_((sequence[:-1], sequence[1:]), torch.ones(len(result.tokens), dtype=torch.float64),
-                          accumulate=True)
-        rounds += result.stats.rounds
+    counts, rounds = bigram_counts(target, draft, seed=1, threshold=0.3, tokens_each=DFLASH2_TOKENS_EACH)
 
     assert {r.accepted for r in rounds} == {0, 1, 2, 3, 4}
     assert any(r.proposed < r.drafted for r in rounds) and any(r.proposed == r.drafted for r in rounds)
