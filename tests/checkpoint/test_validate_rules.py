@@ -25,6 +25,7 @@ from ckpt_factory import (
     target_config,
     write_draft,
     write_folder,
+    write_fp8_draft,
     write_nvfp4_draft,
 )
 from safetensors.torch import load_file, save_file
@@ -179,6 +180,10 @@ def add(name: str, value: torch.Tensor):
 
 def nvfp4(**kwargs) -> Callable[[Path], Path]:
     return lambda p: write_nvfp4_draft(p, **kwargs)
+
+
+def fp8(**kwargs) -> Callable[[Path], Path]:
+    return lambda p: write_fp8_draft(p, **kwargs)
 
 
 def json_file(name: str, text: str, spec: DraftSpec = S, shards: int = 1) -> Callable[[Path], Path]:
@@ -421,6 +426,12 @@ CASES = [
     Case("DSP314", nvfp4(quantization_config=single_algo(EXCLUDE_ALL_BUT_W2)[0],
                          hf_quant_config=single_algo(EXCLUDE_ALL_BUT_W2)[1])),
     Case("DSP315", nvfp4(mutate=add("markov_head.markov_w2.input_scale", torch.tensor(1.0)))),
+    Case("DSP316", fp8(mutate=lambda t: {**t, "fc.weight": t["fc.weight"][:, :64].contiguous()})),
+    Case("DSP317", fp8(mutate=drop("fc.weight_scale"))),
+    Case("DSP317", fp8(mutate=replace_tensor("fc.weight_scale", torch.ones(64)))),
+    Case("DSP318", fp8(mutate=drop("fc.input_scale"))),
+    Case("DSP319", fp8(layers={"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"}})),
+    Case("DSP319", fp8(layers={"model.fc": {"quant_algo": "W4A16_NVFP4", "group_size": 16}})),
     # files
     Case("DSP401", with_file("pytorch_model.bin", b"\x80\x02}q\x00.")),
     Case("DSP402", duplicated_in_second_shard),
@@ -466,6 +477,8 @@ CASES = [
                                                torch.full((256, 4), float("nan")).to(torch.float8_e4m3fn))), deep=True),
     Case("DSP606", nvfp4(mutate=replace_tensor("markov_head.markov_w2.weight_scale_2", torch.tensor(0.0))), deep=True),
     Case("DSP607", mutated(replace_tensor("hidden_norm.weight", torch.ones(64, dtype=torch.bfloat16))), deep=True),
+    Case("DSP609", fp8(mutate=replace_tensor("fc.input_scale", torch.tensor(0.0))), deep=True),
+    Case("DSP609", fp8(mutate=replace_tensor("fc.weight_scale", torch.tensor(float("inf")))), deep=True),
     Case("DSP607", mutated(replace_tensor("layers.1.input_layernorm.weight", torch.full((64,), 0.5))), deep=True),
 ]
 
@@ -510,7 +523,7 @@ def test_unknown_architecture_skips_the_draft_rules(tmp_path):
 def test_skipped_checks_are_named_without_target_or_deep(tmp_path):
     report = validate_checkpoint(open_checkpoint(write_draft(tmp_path / "d", S)))
     skipped = {s.check for s in report.skipped}
-    assert {"DSP101", "DSP601-DSP607", "DSP024, DSP025, DSP031"} <= skipped
+    assert {"DSP101", "DSP601-DSP607, DSP609", "DSP024, DSP025, DSP031"} <= skipped
     report = validate_checkpoint(open_checkpoint(write_draft(tmp_path / "e", S)), target(),
                                  deep=True)
     assert report.skipped == []

@@ -23,7 +23,7 @@ MARKOV_W2_GLOBAL_SCALE = f"{MARKOV_W2_MODULE}.weight_scale_2"
 # vLLM's Qwen3DSparkForCausalLM builds its backbone under prefix "model" and its loader prepends "model." to every
 # on-disk name except lm_head* and d2t, so the layer vLLM asks the quant config about is "model.markov_head.markov_w2".
 VLLM_MARKOV_W2_PREFIX = f"model.{MARKOV_W2_MODULE}"
-NVFP4_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale")  # beside `<module>.weight` (docs/quantize.md)
+QUANT_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale")  # beside a quantized `<module>.weight` (NVFP4, FP8)
 MARLIN_K_MULTIPLE = 64  # vLLM's Marlin W4A16 kernel wants the input features (K = r for markov_w2) a multiple of 64
 # Names vLLM's DFlash/DSpark loader renames (z-lab DFlash and SpecForge exports).
 DFLASH_ALIASES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))

@@ -1,5 +1,6 @@
 """Loading and saving a DSparkDraft: DeepSpec / vLLM tensor names (docs/format.md §1.2, §2), weights shared with
-the target, the NVFP4 markov_w2 of a quantized checkpoint, and the files a draft is written as."""
+the target, the NVFP4 markov_w2 and the NVFP4 / FP8 Linear layers of a quantized checkpoint, and the files a draft
+is written as."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.read import Checkpoint, open_checkpoint
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.model.draft import DSparkDraft
-from dspark_cli.runtime.checkpoint.layout import IGNORED_BY_VLLM, MARKOV_W2, canonical_name
+from dspark_cli.runtime.checkpoint.layout import IGNORED_BY_VLLM, MARKOV_W2, QUANT_SUFFIXES, canonical_name
 
 
 def load_draft(
@@ -48,7 +49,7 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
     scalars = {n: b for n, b in model.named_buffers() if n.endswith("layer_scalar")}  # Gemma-4: default 1.0
     params.update(scalars)
     nvfp4 = {}
-    nvfp4_linears: dict[str, dict[str, torch.Tensor]] = {}
+    quantized_linears: dict[str, dict[str, torch.Tensor]] = {}
     for canonical, stored in names.items():
         if canonical.startswith("markov_head.markov_w2.") and (
             canonical != MARKOV_W2 or ckpt.tensors[stored].dtype == "U8"
@@ -56,8 +57,8 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
             nvfp4[canonical.rsplit(".", 1)[-1]] = ckpt.load_tensor(stored)
             continue
         module, _, part = canonical.rpartition(".")
-        if part in ("weight_scale", "weight_scale_2") or (part == "weight" and ckpt.tensors[stored].dtype == "U8"):
-            nvfp4_linears.setdefault(module, {})[part] = ckpt.load_tensor(stored)  # scope-draft NVFP4 layer
+        if part in QUANT_SUFFIXES or (part == "weight" and ckpt.tensors[stored].dtype in ("U8", "F8_E4M3")):
+            quantized_linears.setdefault(module, {})[part] = ckpt.load_tensor(stored)  # a scope-draft layer
             continue
         if canonical == "d2t":
             model.d2t = ckpt.load_tensor(stored).to(device=device, dtype=torch.long)
@@ -72,8 +73,11 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
             params[canonical].copy_(tensor.to(dtype))
     if nvfp4:
         _load_nvfp4_w2(model, nvfp4, ckpt.source, dtype, device)
-    for module, parts in nvfp4_linears.items():
-        _load_nvfp4_linear(params, module, parts, ckpt.source, dtype)
+    for module, parts in quantized_linears.items():
+        if parts.get("weight") is not None and parts["weight"].dtype == torch.float8_e4m3fn:
+            _load_fp8_linear(model, params, module, parts, ckpt.source, dtype)
+        else:
+            _load_nvfp4_linear(params, module, parts, ckpt.source, dtype)
     share_from_target(model, names, "embed_tokens.weight", target_embed, ckpt.source, dtype)
     share_from_target(model, names, "lm_head.weight", target_lm_head, ckpt.source, dtype)
     loaded = set(names) | {"embed_tokens.weight", "lm_head.weight"}
@@ -83,7 +87,7 @@ def _load_tensors(model: DSparkDraft, ckpt, names, target_embed, target_lm_head,
     loaded |= set(scalars)
     if nvfp4:
         loaded.add(MARKOV_W2)
-    loaded |= {f"{module}.weight" for module in nvfp4_linears}
+    loaded |= {f"{module}.weight" for module in quantized_linears}
     missing = sorted(set(params) - loaded)
     if missing:
         raise DsparkError(f"{ckpt.source}: required tensor {missing[0]!r} is missing"
@@ -127,6 +131,31 @@ def _load_nvfp4_linear(params, module: str, parts: dict[str, torch.Tensor], sour
                           f"implies {list(params[name].shape)}; run `dspark validate` on it.")
     with torch.no_grad():
         params[name].copy_(dense.to(dtype))
+
+
+def _load_fp8_linear(model: DSparkDraft, params, module: str, parts: dict[str, torch.Tensor], source: str,
+                     dtype) -> None:
+    """A Linear layer `dspark quantize --scope draft --format fp8` wrote (ModelOpt FP8, W8A8 per tensor): the weight
+    dequantized to `dtype` at load, and the layer's input passed through FP8 with its static input_scale on every
+    call, as vLLM's FP8 GEMM quantizes it."""
+    from dspark_cli.runtime.quantize.fp8 import FP8Weight, dequantize_fp8, fake_quantize_fp8
+
+    name = f"{module}.weight"
+    if set(parts) != {"weight", "weight_scale", "input_scale"} or name not in params:
+        raise DsparkError(f"{source}: the FP8 layer {module} needs weight, weight_scale and input_scale of a Linear "
+                          f"layer; found {sorted(parts)}; run `dspark validate` on it.")
+    weight_scale, input_scale = (parts[k].to(torch.float32).reshape(()) for k in ("weight_scale", "input_scale"))
+    if not (torch.isfinite(weight_scale) and torch.isfinite(input_scale) and weight_scale > 0 and input_scale > 0):
+        raise DsparkError(f"{source}: the FP8 layer {module} has weight_scale {float(weight_scale)} and input_scale "
+                          f"{float(input_scale)}; both must be finite and positive; re-quantize it.")
+    dense = dequantize_fp8(FP8Weight(parts["weight"], weight_scale))  # [N, K]
+    if tuple(dense.shape) != tuple(params[name].shape):
+        raise DsparkError(f"{source}: the FP8 layer {module} is {list(dense.shape)} but the config implies "
+                          f"{list(params[name].shape)}; run `dspark validate` on it.")
+    with torch.no_grad():
+        params[name].copy_(dense.to(dtype))
+    model.get_submodule(module).register_forward_pre_hook(
+        lambda _, args: (fake_quantize_fp8(args[0], input_scale.to(args[0].device)), *args[1:]))
 
 
 def share_from_target(model: DSparkDraft, names, name: str, weight: torch.Tensor | None, source: str,

@@ -23,6 +23,7 @@ import shutil
 import struct
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -101,6 +102,7 @@ class QuantizeReport:
     linked_files: list[str] = field(default_factory=list)
     copied_files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    guard: dict | None = None  # the acceptance guard's figures (quantize/guard.py), when it ran
     wall_s: float = 0.0
 
     @property
@@ -132,12 +134,14 @@ def quantize_checkpoint(
     revision: str | None = None,
     sample_rows: int | None = None,
     seed: int = 0,
+    guard: Callable[[Path, Path], dict] | None = None,
 ) -> QuantizeReport:
     """Write a copy of the draft checkpoint `source` to `out` with markov_w2 in NVFP4 W4A16 (see module docstring).
 
     `engine` "modelopt" uses ModelOpt's NVFP4QTensor, "torch" the bit-identical kernels/nvfp4.py reimplementation.
     `sample_rows` previous tokens (default DEFAULT_SAMPLE_ROWS, seeded by `seed`; all when the vocabulary is
-    smaller; 0 skips it) measure the agreement of the Markov bias. Raises DsparkError (exit 2) for unusable input;
+    smaller; 0 skips it) measure the agreement of the Markov bias. `guard(source folder, written folder)` runs on the
+    finished folder before it is published (it raises to refuse). Raises DsparkError (exit 2) for unusable input;
     `source` is never modified.
     """
     started = time.perf_counter()
@@ -165,6 +169,7 @@ def quantize_checkpoint(
     with atomic_output_dir(out, force) as folder:
         linked, copied = write_quantized_checkpoint(ckpt, w2_info, weight, folder, report_warnings)
         verify_quantized_output(ckpt, folder)  # before the rename: a failure leaves nothing
+        guard_figures = guard(ckpt.local_dir, folder) if guard is not None else None
 
     return QuantizeReport(
         source=ckpt.source,
@@ -186,6 +191,7 @@ def quantize_checkpoint(
         linked_files=linked,
         copied_files=copied,
         warnings=report_warnings,
+        guard=guard_figures,
         wall_s=time.perf_counter() - started,
     )
 

@@ -52,7 +52,7 @@ DRAFT_RULES: tuple[Rule, ...] = (
     config_rules.family_rules,
     vocab.vocabulary,
     tensors.expected_tensors, dflash2.stray_selector_tensors,
-    quant.quant_configs, quant.nvfp4_tensors, quant.nvfp4_claims, quant.marlin_head,
+    quant.quant_configs, quant.nvfp4_tensors, quant.fp8_tensors, quant.layer_claims, quant.marlin_head,
 )
 # Run on every checkpoint, last (it loads tensor data, and only with deep=True).
 VALUE_RULES: tuple[Rule, ...] = (tensor_values,)

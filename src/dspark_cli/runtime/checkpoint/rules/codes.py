@@ -105,6 +105,10 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP313": (WARNING, "quantization config is not ModelOpt's"),
     "DSP314": (INFO, "NVFP4 W4A16 head"),
     "DSP315": (ERROR, "input_scale beside a W4A16 layer"),
+    "DSP316": (ERROR, "FP8 weight has the wrong shape"),
+    "DSP317": (ERROR, "FP8 weight_scale missing or wrong"),
+    "DSP318": (ERROR, "FP8 input_scale missing or wrong"),
+    "DSP319": (ERROR, "FP8 layer not marked FP8 by the quantization config"),
     # files
     "DSP401": (WARNING, "pickle weight file (never loaded)"),
     "DSP402": (ERROR, "tensor present in two shards"),
@@ -119,6 +123,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DSP606": (ERROR, "NVFP4 weight_scale_2 not finite and positive"),
     "DSP607": (WARNING, "untrained norm (every element exactly 1, or all equal)"),
     "DSP608": (ERROR, "the probe: acceptance near zero, decoding slower with this draft"),
+    "DSP609": (ERROR, "FP8 weight_scale or input_scale not finite and positive"),
     # GGUF files (rules/gguf.py: what llama.cpp b11434 reads from a dflash draft GGUF)
     "DSP802": (ERROR, "GGUF architecture is not dflash"),
     "DSP803": (ERROR, "GGUF key llama.cpp requires missing"),

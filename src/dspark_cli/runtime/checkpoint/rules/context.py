@@ -45,6 +45,7 @@ class RuleContext:
     modules: tuple[LinearModule, ...]  # the Linear layers vLLM builds; per-layer ones only when geometry_ok
     expected: Mapping[str, ExpectedTensor]  # the tensors the config implies; empty unless geometry_ok
     nvfp4_weights: frozenset[str]  # Linear weights stored as NVFP4 (uint8)
+    fp8_weights: frozenset[str]  # Linear weights stored as FP8 (float8_e4m3fn)
     json_quant: QuantConfig | None  # config.json's quantization_config, parsed
     legacy_quant: QuantConfig | None  # hf_quant_config.json, parsed
     quant: QuantConfig | None  # the config vLLM would use, when it can parse it and it is ModelOpt's
@@ -92,6 +93,8 @@ def build_context(ckpt: Checkpoint, target: TargetConfig | None, deep: bool) -> 
     # Per-layer rules need a trustworthy layer count: without one, only the heads and fc are looked at.
     modules = tuple(linear_modules(config if geometry_ok else replace(config, num_hidden_layers=0))) if is_draft else ()
     nvfp4 = frozenset(name for m in modules for name in m.weights if name in tensors and tensors[name].dtype == "U8")
+    fp8 = frozenset(name for m in modules for name in m.weights
+                    if name in tensors and tensors[name].dtype == "F8_E4M3")
     raw_json = ckpt.config.get("quantization_config")
     json_quant = config_json_quant(raw_json) if raw_json is not None else None
     legacy = legacy_quant(ckpt.hf_quant_config) if ckpt.hf_quant_config is not None else None
@@ -103,7 +106,7 @@ def build_context(ckpt: Checkpoint, target: TargetConfig | None, deep: bool) -> 
         on_disk=MappingProxyType(on_disk), tensors=MappingProxyType(tensors),
         is_draft=is_draft, geometry_ok=geometry_ok, modules=modules,
         expected=MappingProxyType(expected_draft_tensors(config) if geometry_ok else {}),
-        nvfp4_weights=nvfp4, json_quant=json_quant, legacy_quant=legacy, quant=quant, head_claim=head_claim,
+        nvfp4_weights=nvfp4, fp8_weights=fp8, json_quant=json_quant, legacy_quant=legacy, quant=quant, head_claim=head_claim,
     )
 
 

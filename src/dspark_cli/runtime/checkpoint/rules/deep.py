@@ -1,5 +1,5 @@
-"""Deep value checks (DSP6xx, only with `deep`): NaN/Inf and all-zero weights, untrained norms, NVFP4 scales, the
-d2t map.
+"""Deep value checks (DSP6xx, only with `deep`): NaN/Inf and all-zero weights, untrained norms, NVFP4 and FP8 scales,
+the d2t map.
 
 The one rule family that reads tensor data: each tensor with a value rule is loaded alone, in file order, so
 memory stays at one tensor. Runs on every checkpoint, draft or not.
@@ -19,14 +19,18 @@ def tensor_values(ctx: RuleContext) -> Results:
     """Load each tensor that has a value rule, one at a time, in file order."""
     out = Results()
     if not ctx.deep:
-        out.skip("DSP601-DSP607", "tensor values are checked only with the deep option")
+        out.skip("DSP601-DSP607, DSP609", "tensor values are checked only with the deep option")
         return out
     for info in sorted(ctx.on_disk.values(), key=lambda i: (i.file, i.begin)):
         is_global_scale = info.name.endswith(".weight_scale_2") and info.dtype == "F32"
+        is_fp8_scale = info.name.rsplit(".", 1)[0] + ".weight" in ctx.fp8_weights and info.name.endswith(
+            (".weight_scale", ".input_scale")) and info.dtype == "F32"
         is_block_scale = info.name.endswith(".weight_scale") and info.dtype == "F8_E4M3"
         is_d2t = info.name == "d2t" and info.dtype in INTEGER_DTYPES and len(info.shape) == 1
         if is_global_scale:
             out += _global_scale(info, _load(ctx, info))
+        elif is_fp8_scale:
+            out += _fp8_scale(info, _load(ctx, info))
         elif info.dtype in FLOAT_MATRIX_DTYPES:
             out += _float_values(info, _load(ctx, info))
         elif is_block_scale:
@@ -55,6 +59,17 @@ def _global_scale(info: TensorInfo, tensor) -> Results:
     if value.numel() == 0 or not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
         out.add("DSP606", f"{info.name} is {value.tolist()}; the global scale must be finite and positive.",
                 "Re-quantize; an all-zero weight needs weight_scale_2 = 1 (dspark quantize handles it).")
+    return out
+
+
+def _fp8_scale(info: TensorInfo, tensor) -> Results:
+    import torch
+
+    out, value = Results(), tensor.reshape(-1)
+    if value.numel() == 0 or not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
+        out.add("DSP609", f"{info.name} is {value.tolist()}; an FP8 scale must be finite and positive (a zero scale "
+                "turns the layer's output into zeros or NaN).", "Re-quantize with dspark quantize (an all-zero "
+                "weight gets scale 1).")
     return out
 
 

@@ -1,5 +1,5 @@
-"""NVFP4 and quantization-config rules (DSP3xx): the packed tensors, and whether the config vLLM reads gives each
-NVFP4 layer a weight-only NVFP4 method. Precondition: a draft (`ctx.is_draft`); the parsed configs, the NVFP4
+"""NVFP4, FP8 and quantization-config rules (DSP3xx): the quantized tensors, and whether the config vLLM reads gives
+each NVFP4 layer a weight-only NVFP4 method and each FP8 layer ModelOpt's FP8 method. Precondition: a draft (`ctx.is_draft`); the parsed configs, the NVFP4
 weights and the algorithm vLLM gives markov_w2 are facts of the context (rules/context.py).
 """
 
@@ -108,17 +108,49 @@ def _nvfp4_tensors(ctx: RuleContext, name: str, spec: ExpectedTensor | None) -> 
     return out
 
 
-def nvfp4_claims(ctx: RuleContext) -> Results:
-    """Each Linear layer's storage (NVFP4 or float) against the algorithm the quantization config gives it."""
+def fp8_tensors(ctx: RuleContext) -> Results:
+    """Each FP8 weight (float8_e4m3fn [N, K]) with its float32 scalar weight_scale and input_scale, the per-tensor
+    W8A8 layout vLLM's ModelOpt FP8 method registers (docs/quantize.md, "FP8")."""
+    out = Results()
+    for name in sorted(ctx.fp8_weights):
+        base = name.rsplit(".", 1)[0]
+        spec = ctx.expected.get(name) if ctx.geometry_ok else None
+        shape = ctx.tensors[name].shape
+        if spec is not None and tuple(shape) != tuple(spec.shape):
+            out.add("DSP316", f"{name} is FP8 with shape {list(shape)}; the config implies {list(spec.shape)} "
+                    "(FP8 keeps the weight's shape, one byte per element).", "Re-quantize from the bf16 checkpoint "
+                    "with dspark quantize.")
+        for scale, role, code in (("weight_scale", "its per-tensor weight scale", "DSP317"),
+                                  ("input_scale", "the static scale of its input activation", "DSP318")):
+            info = ctx.tensors.get(f"{base}.{scale}")
+            if info is None:
+                missing = (" vLLM initialises the parameter to the float32 minimum (-3.4e38) and keeps the "
+                           "largest value loaded, so the layer would run with that scale.")
+                out.add(code, f"{base}.{scale} is missing; an FP8 layer needs {role}.{missing}",
+                        "Re-quantize with dspark quantize (FP8 calibrates the input scale on prompts through the "
+                        "target).")
+            elif info.dtype != "F32" or tuple(info.shape) not in ((), (1,)):
+                out.add(code, f"{base}.{scale} is {info.dtype}{list(info.shape)}; vLLM's ModelOpt FP8 method reads "
+                        "one float32 scalar per layer (per-channel or per-block scales are other algorithms).",
+                        "Store it as a 0-dim float32 tensor, or name the algorithm that matches the scales.")
+    return out
+
+
+def layer_claims(ctx: RuleContext) -> Results:
+    """Each Linear layer's storage (NVFP4, FP8 or float) against the algorithm the quantization config gives it."""
     out, quant = Results(), ctx.quant
     for module in ctx.modules:
         if not all(w in ctx.tensors for w in module.weights):
             continue
         claimed = claimed_algo(module, quant) if quant else None
         nvfp4 = [w for w in module.weights if w in ctx.nvfp4_weights]
-        if nvfp4 and (ctx.quant_read is None or quant is not None):  # else DSP307/DSP313 explain the config
+        fp8 = [w for w in module.weights if w in ctx.fp8_weights]
+        config_explained = ctx.quant_read is None or quant is not None  # else DSP307/DSP313 explain the config
+        if nvfp4 and config_explained:
             out += _nvfp4_claim(ctx, module, nvfp4[0], claimed)
-        elif not nvfp4 and claimed is not None and ctx.tensors[module.weights[0]].is_float:
+        elif fp8 and config_explained and claimed != "FP8":
+            out += _fp8_claim(ctx, module, fp8[0], claimed)
+        elif not (nvfp4 or fp8) and claimed is not None and ctx.tensors[module.weights[0]].is_float:
             out.add("DSP310", f"{quant.where} makes vLLM quantize {module.prefix} as {claimed}, but "
                     f"{module.weights[0]} is stored as {ctx.tensors[module.weights[0]].dtype}.",
                     "Exclude the layer from quantization: use MIXED_PRECISION with quantized_layers naming only "
@@ -150,6 +182,21 @@ def _nvfp4_claim(ctx: RuleContext, module: LinearModule, weight: str, claimed: s
         out.add("DSP311", f"{quant.where} quantizes {module.prefix} as NVFP4 (W4A4), which needs "
                 f"{weight.rsplit('.', 1)[0]}.input_scale, and the checkpoint has none.",
                 "Use quant_algo W4A16_NVFP4 (weight-only; what dspark quantize writes).")
+    return out
+
+
+def _fp8_claim(ctx: RuleContext, module: LinearModule, weight: str, claimed: str | None) -> Results:
+    out, quant = Results(), ctx.quant
+    if quant is None:
+        why = ("the checkpoint has no quantization config (config.json quantization_config or "
+               "hf_quant_config.json), so vLLM builds a bf16 layer")
+    elif claimed is None:
+        why = f"{quant.where} leaves {module.prefix} unquantized (excluded, or not in quantized_layers)"
+    else:
+        why = f"{quant.where} quantizes {module.prefix} as {claimed}"
+    out.add("DSP319", f"{weight} is stored as FP8 (float8_e4m3fn) but {why}; vLLM would load or scale it wrongly.",
+            f"Name {module.prefix!r} in quantized_layers with quant_algo FP8 (MIXED_PRECISION; what dspark quantize "
+            "--format fp8 writes).")
     return out
 
 

@@ -35,6 +35,7 @@ def resolve(ctx: RuleContext) -> dict[str, Any]:
     resolved["markov_rank"] = config.markov_rank
     resolved["markov_head_type"] = config.markov_head_type
     resolved["head_format"] = _head_format(ctx)
+    resolved["quantized_linear_layers"] = _quantized_layers(ctx)
     resolved["confidence_head"] = _confidence_summary(ctx)
     resolved["layout"] = "N queries, slot j predicts p+j+1" if config.sample_from_anchor else (
         "1+N queries, mask slot j predicts p+j")
@@ -58,6 +59,13 @@ def _head_format(ctx: RuleContext) -> str | None:
     if ctx.head_claim == "W4A16_NVFP4":
         return f"nvfp4 (W4A16, {ctx.quant.algo})"
     return "nvfp4 (not loadable by vLLM, see the DSP3xx findings)"
+
+
+def _quantized_layers(ctx: RuleContext) -> dict[str, int]:
+    """How many Linear weights (markov_w2 aside) each quantized storage holds: {"nvfp4": n, "fp8": m}, empty when
+    the layers are unquantized."""
+    counts = {"nvfp4": len(ctx.nvfp4_weights - {MARKOV_W2}), "fp8": len(ctx.fp8_weights)}
+    return {kind: count for kind, count in counts.items() if count}
 
 
 def _confidence_summary(ctx: RuleContext) -> str:

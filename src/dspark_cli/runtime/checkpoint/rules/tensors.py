@@ -10,7 +10,7 @@ from dataclasses import replace
 from dspark_cli.runtime.checkpoint.read import TensorInfo
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.formats import FORMAT_NAMES
-from dspark_cli.runtime.checkpoint.layout import IGNORED_BY_VLLM, NVFP4_SUFFIXES, ExpectedTensor, canonical_name
+from dspark_cli.runtime.checkpoint.layout import IGNORED_BY_VLLM, QUANT_SUFFIXES, ExpectedTensor, canonical_name
 from dspark_cli.runtime.checkpoint.rules.codes import Results
 from dspark_cli.runtime.checkpoint.rules.context import RuleContext
 
@@ -60,12 +60,13 @@ def expected_tensors(ctx: RuleContext) -> Results:
             if spec.required:
                 out.add("DSP201", f"required tensor {name!r} {spec.formula} is missing.",
                         "Re-export the draft's full state dict (DeepSpec names, no 'model.' prefix).")
-        elif name not in ctx.nvfp4_weights:
+        elif name not in ctx.nvfp4_weights | ctx.fp8_weights:  # quant.py checks the quantized weights
             out += _tensor(ctx, spec, info)
-    nvfp4_extras = {f"{w.rsplit('.', 1)[0]}.{suffix}" for w in ctx.nvfp4_weights for suffix in NVFP4_SUFFIXES}
+    quant_extras = {f"{w.rsplit('.', 1)[0]}.{suffix}" for w in ctx.nvfp4_weights | ctx.fp8_weights
+                    for suffix in QUANT_SUFFIXES}
     modules = {name.rsplit(".", 1)[0] for name in expected}
     for name in sorted(ctx.tensors):
-        if name in expected or name in nvfp4_extras or name.startswith(IGNORED_BY_VLLM):
+        if name in expected or name in quant_extras or name.startswith(IGNORED_BY_VLLM):
             continue
         shape = list(ctx.tensors[name].shape)
         if name.endswith(".bias") and name.removesuffix(".bias") in modules:
