@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.kernels.nvfp4 import GROUP_SIZE, NVFP4Weight
+from dspark_cli.kernels.nvfp4 import GROUP_SIZE, NVFP4Weight, dequantize_nvfp4
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2, canonical_name, linear_modules, vllm_prefix
 from dspark_cli.runtime.checkpoint.read import CONFIG_FILE, FLOAT_DTYPES, INDEX_FILE, QUANT_CONFIG_FILE, Checkpoint
@@ -149,14 +149,8 @@ def _nvfp4_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: st
         out[name] = weight.packed  # uint8 [N, K/2]
         out[f"{module}.weight_scale"] = weight.scale  # float8_e4m3fn [N, K/16]
         out[f"{module}.weight_scale_2"] = weight.global_scale.reshape(())  # float32 []
-        out[f"{name}:dequantized"] = _nvfp4_dequantized(weight)
+        out[f"{name}:dequantized"] = dequantize_nvfp4(weight, torch.float32)  # [N, K]
     return out
-
-
-def _nvfp4_dequantized(weight: NVFP4Weight) -> torch.Tensor:
-    from dspark_cli.kernels.nvfp4 import dequantize_nvfp4
-
-    return dequantize_nvfp4(weight, torch.float32)
 
 
 def _fp8_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: str,
