@@ -1,14 +1,17 @@
 """settings.resolve_settings on the shipped demo draft: what auto picks for greedy decoding that carries a top-k
-(the cut changes nothing at temperature 0), and STS temperatures cut to the block size in use."""
+(the cut changes nothing at temperature 0), and STS temperatures cut to the block size in use; on a DFlash2 draft:
+its path selector and its top-k, and the Markov settings that do not apply to it refused."""
 
 from __future__ import annotations
 
 import pytest
+from ckpt_factory import DraftSpec, draft_config
 
+from dspark_cli.errors import SettingError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.read import open_checkpoint
 from dspark_cli.runtime.demo import DEMO_DIR
-from dspark_cli.runtime.settings import MarkovHead, Requested, SamplingParams, resolve_settings
+from dspark_cli.runtime.settings import SELECTOR, MarkovHead, Requested, SamplingParams, resolve_settings
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +40,34 @@ def test_sts_temperatures_are_cut_to_the_block_size_in_use(demo, block_size):
     settings = resolve_settings(config, head, False, Requested(block_size=block_size), temperatures)
     assert settings.verify.temperatures == temperatures[:settings.block_size]
     assert len(settings.verify.temperatures) == settings.block_size == (block_size or settings.trained_block_size)
+
+
+@pytest.fixture(scope="module")
+def dflash2():
+    config = DraftConfig.from_dict(draft_config(DraftSpec(family="dflash2", markov_rank=0, confidence=False,
+                                                          block_size=7, selector_top_k=4)))
+    return config, MarkovHead.of_config(config, nvfp4=False)
+
+
+def test_a_dflash2_draft_resolves_its_selector_and_its_top_k(dflash2):
+    """What runs after a DFlash2 draft's backbone is its path selector over the config's selector_top_k candidates:
+    the settings (and every report that reads them) say so, on CUDA and sampling too."""
+    config, head = dflash2
+    for on_cuda, temperature in ((False, 0.0), (True, 0.0), (True, 0.8)):
+        settings = resolve_settings(config, head, on_cuda, Requested(temperature=temperature))
+        assert (settings.markov, settings.draft_topk) == (SELECTOR, 4)
+
+
+@pytest.mark.parametrize(("requested", "setting", "words"), [
+    (Requested(draft_topk=2), "draft_topk", "selector_top_k = 4 candidates it was trained with"),
+    (Requested(draft_topk=4), "draft_topk", "selector_top_k = 4 candidates it was trained with"),
+    (Requested(markov="topk"), "markov", "topk: a DFlash2 draft has no Markov head"),
+    (Requested(markov="dense"), "markov", "dense: a DFlash2 draft has no Markov head"),
+])
+def test_a_dflash2_draft_refuses_a_draft_top_k_and_a_markov_strategy(dflash2, requested, setting, words):
+    """Neither applies to the selector (its k x k lattice is the trained one, as the engines build it): refused by
+    name rather than silently ignored."""
+    config, head = dflash2
+    with pytest.raises(SettingError) as refused:
+        resolve_settings(config, head, False, requested)
+    assert refused.value.setting == setting and words in refused.value.problem

@@ -370,6 +370,15 @@ def test_a_checkpoint_whose_markov_head_holds_nan_is_one_sentence(tmp_path, spec
     assert "markov_w2 hold NaN or inf values" in " ".join(result.stderr.split())
 
 
+def test_a_dflash2_checkpoint_is_refused_naming_its_path_selector(tmp_path, spec):
+    """bench markov times Markov heads; a DFlash2 draft has a path selector instead (not "a DFlash draft")."""
+    draft = write_draft(tmp_path / "draft", spec.with_(family="dflash2", markov_rank=0, confidence=False))
+    result = runner.invoke(app, ["bench", "markov", "--draft", str(draft), "--device", "cpu", "--reps", "1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (f"{draft} is a DFlash2 draft: its path selector, not a Markov head, picks the block's tokens, and bench "
+            "markov times Markov heads only") in " ".join(result.stderr.split())
+
+
 # --- interleaved timing (a fake clock: no timing asserts) ---------------------------------------------------------
 
 

@@ -52,3 +52,23 @@ def test_plan_at_load_keeps_its_headers_whole_at_80_columns_and_lists_the_settin
         assert header in text, text
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     assert text.count("TensorRT-LLM: enable_confidence_scheduling") == 1  # below the table, not in each row
+
+
+def _heading(**changes) -> str:
+    from dspark_cli.cli.eval_report import print_report
+
+    settings = {"draft_kind": "DSpark draft, vanilla Markov head", "block_size": 7, "markov": "topk", "draft_topk": 16,
+                "confidence_threshold": None, "confidence_rule": "survival", "calibration": None, "temperature": 0.0,
+                "max_new_tokens": 64, "seed": 0, "chat": False, "device": "cpu", "dtype": "float32", **changes}
+    out = Console(width=200, file=StringIO(), color_system=None)
+    print_report(out, settings, [])
+    return out.file.getvalue().splitlines()[1]
+
+
+def test_the_heading_names_the_stage_a_dflash2_draft_runs():
+    """A DFlash2 run file (markov "selector", draft_topk its selector_top_k) is headed by its path selector, a
+    DSpark one by its Markov strategy and top-k."""
+    assert "block 7, markov topk (top-16), T=0.0" in _heading()
+    assert "block 7, markov dense, T=0.0" in _heading(markov="dense", draft_topk=None)
+    dflash2 = _heading(draft_kind="DFlash2 draft, path selector", markov="selector", draft_topk=4)
+    assert "DFlash2 draft, path selector, block 7, selector top-4, T=0.0" in dflash2 and "markov" not in dflash2

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from ckpt_factory import DraftSpec, write_target_config
+import torch
+from ckpt_factory import DraftSpec, write_draft, write_target_config
 from pair_factory import bigram_draft, bigram_target, write_byte_tokenizer
 from typer.testing import CliRunner
 
@@ -143,6 +144,47 @@ def test_no_prompt_with_an_explicit_pair_is_refused(pair):
 def test_bad_options_are_one_clear_sentence(pair, args, message):
     target, draft = pair
     result = generate("hello", "--target", target, "--draft", draft, "--max-new-tokens", "2", *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+@pytest.fixture(scope="module")
+def dflash2_pair(tmp_path_factory):
+    """A tiny Qwen3 target with a random DFlash2 draft (selector_top_k 4) beside it."""
+    root = tmp_path_factory.mktemp("cli-dflash2")
+    target = bigram_target(root / "target", DraftSpec(markov_rank=0, confidence=False))
+    write_byte_tokenizer(target)
+    draft = write_draft(root / "draft", DraftSpec(family="dflash2", markov_rank=0, confidence=False, block_size=7,
+                                                  selector_top_k=4, dtype=torch.float32))
+    return str(target), str(draft)
+
+
+def test_a_dflash2_report_names_its_path_selector_not_a_markov_stage(dflash2_pair):
+    target, draft = dflash2_pair
+    result = generate("hello", "--target", target, "--draft", draft, "--max-new-tokens", "12", "--json", "-")
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    assert (settings["markov"], settings["draft_topk"]) == ("selector", 4)
+    assert settings["draft_kind"] == "DFlash2 draft, path selector"
+    report = result.stderr
+    assert "DFlash2 draft, path selector, block 6, selector top-4, T=0.0" in report
+    assert "selector stage" in report and "Markov stage" not in report and "markov" not in report
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+@pytest.mark.parametrize("args, message", [
+    (["--draft-topk", "2"], "--draft-topk cannot be used with a DFlash2 draft: its path selector walks the "
+                            "selector_top_k = 4 candidates it was trained with; drop --draft-topk."),
+    (["--markov", "topk"], "--markov topk: a DFlash2 draft has no Markov head; its path selector's walk is the one "
+                           "stage it runs; drop --markov."),
+])
+def test_a_draft_top_k_or_markov_strategy_for_a_dflash2_draft_is_one_sentence(dflash2_pair, tmp_path, command, args,
+                                                                               message):
+    """The Markov settings do not apply to a DFlash2 draft: refused by flag before anything loads, not ignored."""
+    target, draft = dflash2_pair
+    inputs = (["hello"] if command == "generate" else ["--data", str(demo.DEMO_DIR / "eval_code.jsonl"), "--limit", "1"])
+    result = runner.invoke(app, [command, *inputs, "--target", target, "--draft", draft, "--max-new-tokens", "2",
+                                 *args])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
 

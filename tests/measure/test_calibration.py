@@ -237,6 +237,26 @@ def test_calibrate_writes_the_engine_file_and_refuses_to_overwrite(demo_runs, tm
     assert over.exit_code == 2 and "run file" in over.output
 
 
+def test_the_written_line_names_the_readers_of_the_draft_s_family(demo_runs, tmp_path):
+    """SGLang's and TensorRT-LLM's STS settings are named for a DSpark draft's runs; for a DFlash2 draft's (their
+    settings say the selector ran) dspark alone reads the file: SGLang serves that draft with DFLASH, which reads
+    none."""
+    dspark = runner.invoke(app, ["calibrate", *map(str, demo_runs), "-o", str(tmp_path / "dspark.json")])
+    assert dspark.exit_code == 0, dspark.output
+    assert "SGLang: --speculative-dspark-confidence-sts-path" in " ".join(dspark.output.split())
+    runs = []
+    for path in demo_runs:
+        doc = json.loads(path.read_text())
+        doc["settings"].update(markov="selector", draft_topk=4, draft_kind="DFlash2 draft, path selector")
+        runs.append(tmp_path / path.name)
+        runs[-1].write_text(json.dumps(doc))
+    dflash2 = runner.invoke(app, ["calibrate", *map(str, runs), "-o", str(tmp_path / "dflash2.json")])
+    assert dflash2.exit_code == 0, dflash2.output
+    written = " ".join(dflash2.output.split())
+    assert "(dspark: --calibration; no engine reads an STS file for a DFlash2 draft" in written
+    assert "--speculative-dspark-confidence-sts-path" not in written and "confidence_sts_path" not in written
+
+
 def test_calibration_changes_confidences_never_tokens(demo_runs, tmp_path):
     table = tmp_path / "sts.json"
     table.write_text(json.dumps({"temperatures": [2.0] * 7}))

@@ -8,12 +8,14 @@ import typer
 from rich.text import Text
 
 from dspark_cli.cli import calibrate_report, options, render
+from dspark_cli.runtime.settings import SELECTOR
 
 HELP = """Fit the confidence head's Sequential Temperature Scaling (one temperature per draft position, fitted left to
 right so that the survival prod c_i is calibrated) on `dspark eval --json` run files, score it on held-out prompts
 (ECE, AUROC, Brier per position, before and after), and write the one JSON file SGLang
-(--speculative-dspark-confidence-sts-path) and TensorRT-LLM (confidence_sts_path) read. `dspark generate` and
-`dspark eval` take it with --calibration. docs/eval.md."""
+(--speculative-dspark-confidence-sts-path) and TensorRT-LLM (confidence_sts_path) read for a DSpark draft.
+`dspark generate` and `dspark eval` take it with --calibration (for a DFlash2 draft, whose selector score no engine
+calibrates, they alone read it). docs/eval.md."""
 
 
 def register(app: typer.Typer) -> None:
@@ -51,5 +53,14 @@ def calibrate(
     console.print(calibrate_report.table(result))
     for note in result.notes:
         console.print(Text(f"note: {render.name_flags(note)}", style="yellow"))
-    console.print(Text.assemble("written to ", (str(out), "bold"), " (SGLang: --speculative-dspark-confidence-sts-path; "
-                                "TensorRT-LLM: confidence_sts_path; dspark: --calibration)"))
+    selector = any(run.settings["markov"] == SELECTOR for run in loaded)
+    console.print(Text.assemble("written to ", (str(out), "bold"), f" ({_readers(selector)})"))
+
+
+def _readers(selector: bool) -> str:
+    """Who reads the STS file: for a DFlash2 draft's selector score dspark alone (SGLang serves such a draft with its
+    DFLASH algorithm, which takes no STS file; runtime/engines/sglang.py), else SGLang and TensorRT-LLM too."""
+    if selector:
+        return ("dspark: --calibration; no engine reads an STS file for a DFlash2 draft: SGLang's DFLASH algorithm and "
+                "llama.cpp take none, TensorRT-LLM refuses the draft")
+    return "SGLang: --speculative-dspark-confidence-sts-path; TensorRT-LLM: confidence_sts_path; dspark: --calibration"

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.cli.render import columns, fitted, number
+from dspark_cli.cli.render import columns, drafting_stage, fitted, number
 
 def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> None:
     s = settings
@@ -19,7 +19,7 @@ def print_report(out: Console, settings: dict, rows: list[tuple[str, dict]]) -> 
     if s["calibration"] is not None:
         cut += f", STS {s['calibration']['path']}"
     out.print(Text("\ndspark eval", style="bold") + Text(
-        f"  {kind}block {s['block_size']}, markov {s['markov']}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
+        f"  {kind}block {s['block_size']}, {drafting_stage(s)}{cut}, T={s['temperature']}, {s['max_new_tokens']} new "
         f"tokens, seed {s['seed']}, chat {'on' if s['chat'] else 'off'}, {s['device']} {s['dtype']}", style="dim"))
     out.print(fitted(out, lambda padding: main_table(rows, padding)))
     out.print(_positions_table(rows, s["block_size"]))

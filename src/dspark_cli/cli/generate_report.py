@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dspark_cli.cli.render import drafting_stage, stage_label
+
 if TYPE_CHECKING:
     from dspark_cli.runtime.measure.metrics import Summary
 
@@ -87,13 +89,12 @@ def print_report(out: Console, settings: dict[str, Any], summary: "Summary", run
                  greedy: bool) -> None:
     out.print(Text("\ndspark generate", style="bold") + Text(
         f"  {settings['draft_kind'] + ', ' if settings['draft_kind'] else ''}block {settings['block_size']}, "
-        f"markov {settings['markov']}"
-        + (f" (top-{settings['draft_topk']})" if settings["draft_topk"] and settings["markov"] != "dense" else "")
+        f"{drafting_stage(settings)}"
         + (f", confidence >= {settings['confidence_threshold']}" if settings["confidence_threshold"] else "")
         + f", T={settings['temperature']}, {settings['device']} {settings['dtype']}", style="dim"))
     out.print(_acceptance_chart(summary))
     out.print(_histogram_chart(summary))
-    out.print(_metrics_table(summary))
+    out.print(_metrics_table(summary, stage_label(settings["markov"])))
     if summary.calibration is not None:
         out.print(_calibration_table(summary))
     elif summary.calibration_unavailable is not None:
@@ -154,7 +155,7 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _metrics_table(summary: "Summary") -> Table:
+def _metrics_table(summary: "Summary", stage: str) -> Table:
     table = Table(title="metrics", title_justify="left", show_header=False, box=None, padding=(0, 1))
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -173,7 +174,7 @@ def _metrics_table(summary: "Summary") -> Table:
     if breakdown is not None:
         for name, ms, share in (
             ("draft backbone", breakdown.draft_backbone_ms, breakdown.draft_backbone_share),
-            ("Markov stage", breakdown.markov_ms, breakdown.markov_share),
+            (stage, breakdown.markov_ms, breakdown.markov_share),
             ("verify (score + accept)", breakdown.verify_ms, breakdown.verify_share),
             ("rollback (crop, state restore)", breakdown.rollback_ms, breakdown.rollback_share),
             ("other (commit + advance)", breakdown.other_ms, breakdown.other_share),

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from dspark_cli.cli import options
 from dspark_cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, DsparkError, Terminated
+from dspark_cli.runtime.settings import SELECTOR
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -143,6 +144,20 @@ def _print_error(message: str) -> None:
 def number(value: float | None, digits: int = 2) -> str:
     """A table cell: `value` with `digits` decimals, '-' when there is none."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def drafting_stage(settings: dict) -> str:
+    """A report heading's words for what follows the draft's backbone, from the resolved settings: "selector top-4"
+    (a DFlash2 draft's path selector), "markov topk (top-16)", "markov dense"."""
+    markov, topk = settings["markov"], settings["draft_topk"]
+    if markov == SELECTOR:
+        return f"selector top-{topk}"
+    return f"markov {markov}" + (f" (top-{topk})" if topk and markov != "dense" else "")
+
+
+def stage_label(markov: str) -> str:
+    """The name of the per-round time of that stage: "selector stage" for a DFlash2 draft, else "Markov stage"."""
+    return "selector stage" if markov == SELECTOR else "Markov stage"
 
 
 def sentence(text: str) -> str:

@@ -331,10 +331,14 @@ class Pair:
 
     @property
     def draft_kind(self) -> str:
-        """The draft's family and Markov head type, for reports: "Gemma-4 draft, rnn Markov head"."""
+        """The draft's family and Markov head type, for reports: "Gemma-4 draft, rnn Markov head" (a DFlash2
+        draft: "DFlash2 draft, path selector")."""
         config = self.draft.config
-        head = f"{config.markov_head_type} Markov head" if config.markov_rank else "no Markov head"
-        return f"{config.family_title} draft, {head}"
+        if config.has_selector:
+            stage = "path selector"
+        else:
+            stage = f"{config.markov_head_type} Markov head" if config.markov_rank else "no Markov head"
+        return f"{config.family_title} draft, {stage}"
 
     @property
     def settings(self) -> DecodeSettings:

@@ -20,6 +20,7 @@ from dspark_cli.errors import SettingError
 from dspark_cli.runtime.rounds import CONFIDENCE_RULES, LENGTH_RULES
 
 STRATEGIES = ("dense", "topk", "nvfp4", "fused")  # the Markov stage's implementations (decode/markov.py)
+SELECTOR = "selector"  # what a DFlash2 draft runs instead: its path selector's walk (decode/selector.py)
 MARKOV_CHOICES = ("auto", *STRATEGIES)
 MIN_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS (v1/sample/sampler): below it vLLM samples greedily
 
@@ -107,8 +108,8 @@ class DecodeSettings:
 
     block_size: int  # draft tokens per round
     trained_block_size: int | None  # the most the draft was trained for (None: its config does not say)
-    draft_topk: int | None  # candidates of the gathered Markov strategies (None: dense)
-    markov: str  # the strategy that runs: one of STRATEGIES
+    draft_topk: int | None  # candidates per position: the gathered Markov strategies' (None: dense), a selector's k
+    markov: str  # the strategy that runs: one of STRATEGIES, or SELECTOR for a DFlash2 draft
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verify: VerifyRule = field(default_factory=VerifyRule)
     length_rule: str = "stop"  # "stop": end at max_new_tokens; "deepspec": DeepSpec's one extra round
@@ -176,6 +177,19 @@ def resolve_markov(requested: str, head: MarkovHead, draft_topk: int | None, sam
     return requested
 
 
+def resolve_selector(config, requested: Requested) -> tuple[int, str]:
+    """A DFlash2 draft's stage: (its selector_top_k, SELECTOR). Its candidate lattice is k x k as trained and as
+    every engine builds it, and no Markov strategy applies, so a draft top-k or a strategy is refused."""
+    if requested.draft_topk is not None:
+        raise SettingError("draft_topk", f"cannot be used with a DFlash2 draft: its path selector walks the "
+                                         f"selector_top_k = {config.selector_top_k} candidates it was trained "
+                                         "with; drop the draft-topk option.")
+    if requested.markov != "auto":
+        raise SettingError("markov", f"{requested.markov}: a DFlash2 draft has no Markov head; its path selector's "
+                                     "walk is the one stage it runs; drop the markov option.")
+    return config.selector_top_k, SELECTOR
+
+
 def resolve_verify(requested: Requested, has_confidence_head: bool, block_size: int,
                    temperatures: tuple[float, ...] | None) -> VerifyRule:
     """The verify rule: a threshold in (0, 1] needs a confidence head; STS temperatures cover the block."""
@@ -203,8 +217,11 @@ def resolve_settings(config, head: MarkovHead, on_cuda: bool, requested: Request
         raise SettingError("length_rule", f"must be one of {', '.join(LENGTH_RULES)}, got {requested.length_rule!r}.")
     sampling = SamplingParams(requested.temperature, requested.top_p, requested.top_k)
     block_size = resolve_block_size(config, requested.block_size)
-    draft_topk = resolve_draft_topk(config, requested.draft_topk)
-    markov = resolve_markov(requested.markov, head, draft_topk, sampling, on_cuda)
+    if config.has_selector:
+        draft_topk, markov = resolve_selector(config, requested)
+    else:
+        draft_topk = resolve_draft_topk(config, requested.draft_topk)
+        markov = resolve_markov(requested.markov, head, draft_topk, sampling, on_cuda)
     verify = resolve_verify(requested, config.has_confidence, block_size, temperatures)
     return DecodeSettings(block_size, trained_block_size(config), draft_topk, markov, sampling, verify,
                           requested.length_rule, requested)

@@ -167,6 +167,10 @@ def checkpoint_heads(config: BenchConfig, source: str) -> dict[str, Head]:
     require_utf8_path(source, "the draft")
     ckpt = open_checkpoint(source)
     draft_config = DraftConfig.from_dict(ckpt.config)
+    if draft_config.has_selector:
+        raise DsparkError(f"{ckpt.source} is a DFlash2 draft: its path selector, not a Markov head, picks the block's "
+                          "tokens, and bench markov times Markov heads only (`dspark generate` reports the selector "
+                          "stage's time per round).")
     if not draft_config.markov_rank:
         raise DsparkError(f"{ckpt.source} has no Markov head (markov_rank 0, a DFlash draft); there is no "
                           "sequential Markov stage to benchmark.")
