@@ -18,7 +18,8 @@ from dspark_cli.runtime.demo import DEMO_DIR
 from dspark_cli.runtime.measure.evaluation import read_prompt_set
 from dspark_cli.runtime.model.draft_io import load_draft
 from dspark_cli.runtime.pair import Pair
-from dspark_cli.runtime.quantize import draft_scope, fp8
+from dspark_cli.kernels import fp8
+from dspark_cli.runtime.quantize import draft_scope
 
 runner = CliRunner()
 TARGET, DRAFT = DEMO_DIR / "target", DEMO_DIR / "draft"
@@ -37,7 +38,7 @@ def prompt_files(tmp_path_factory):
     return root / "calibration.jsonl", root / "guard.jsonl"
 
 
-def quantize_fp8(out, prompt_files, *extra):
+def run_quantize_fp8(out, prompt_files, *extra):
     json_path = out.parent / f"{out.name}.json"
     result = runner.invoke(app, ["quantize", str(DRAFT), "-o", str(out), "--scope", "draft", "--format", "fp8",
                                  "--engine", "torch", "-t", str(TARGET), "--calibration", str(prompt_files[0]),
@@ -52,7 +53,7 @@ def written(prompt_files, tmp_path_factory):
     out = {}
     for name, extra in (("no_head", ["--guard-prompts", str(prompt_files[1]), "--guard-tokens", "16"]),
                         ("head", ["--lm-head"])):
-        result, report = quantize_fp8(root / name, prompt_files, *extra)
+        result, report = run_quantize_fp8(root / name, prompt_files, *extra)
         assert result.exit_code == 0, result.output
         out[name], out[f"{name}_report"] = root / name, report
     return out
@@ -182,10 +183,10 @@ def test_the_guard_refuses_a_broken_quantization(prompt_files, tmp_path, monkeyp
 
     monkeypatch.setattr(draft_scope.fp8, "quantize_fp8", broken)
     guard = ["--guard-prompts", str(prompt_files[1]), "--guard-tokens", "16"]
-    result, _ = quantize_fp8(tmp_path / "refused", prompt_files, *guard)
+    result, _ = run_quantize_fp8(tmp_path / "refused", prompt_files, *guard)
     assert result.exit_code == 2 and "lost too much acceptance" in result.output
     assert not (tmp_path / "refused").exists()
-    result, report = quantize_fp8(tmp_path / "warned", prompt_files, *guard, "--guard-warn")
+    result, report = run_quantize_fp8(tmp_path / "warned", prompt_files, *guard, "--guard-warn")
     assert result.exit_code == 0 and "acceptance guard failed" in result.output
     assert not report["guard"]["passed"] and report["guard"]["tau_drop"]["estimate"] > 0.5
 

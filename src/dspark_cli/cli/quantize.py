@@ -110,13 +110,13 @@ def quantize(
 
 
 def _guard(target, guard_prompts, max_tau_drop, guard_warn, guard_tokens):
-    """The acceptance guard (quantize/guard.py) when --guard-prompts is given, else None."""
+    """The acceptance guard (bench/runtime_guard.py) when --guard-prompts is given, else None."""
     if guard_prompts is None:
         return None
     if target is None:
         raise DsparkError("the acceptance guard decodes both drafts beside the target: name it with --target.")
     from dspark_cli.runtime.measure.evaluation import read_prompt_set
-    from dspark_cli.runtime.quantize.guard import runtime_guard
+    from dspark_cli.runtime.bench.runtime_guard import runtime_guard
 
     prompts = read_prompt_set(guard_prompts).prompts
     return runtime_guard(target, prompts, max_tau_drop, refuse=not guard_warn, max_tokens=guard_tokens)

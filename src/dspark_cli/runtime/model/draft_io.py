@@ -138,7 +138,7 @@ def _load_fp8_linear(model: DSparkDraft, params, module: str, parts: dict[str, t
     """A Linear layer `dspark quantize --scope draft --format fp8` wrote (ModelOpt FP8, W8A8 per tensor): the weight
     dequantized to `dtype` at load, and the layer's input passed through FP8 with its static input_scale on every
     call, as vLLM's FP8 GEMM quantizes it."""
-    from dspark_cli.runtime.quantize.fp8 import FP8Weight, dequantize_fp8, fake_quantize_fp8
+    from dspark_cli.kernels.fp8 import FP8Weight, dequantize_fp8, fake_quantize_fp8
 
     name = f"{module}.weight"
     if set(parts) != {"weight", "weight_scale", "input_scale"} or name not in params:

@@ -12,7 +12,7 @@ norms, embeddings, the Markov head or the confidence head. The shards of a fused
 quantized together so they share one scale (NVFP4's weight_scale_2, FP8's weight_scale and input_scale), as
 ModelOpt's export makes them (vLLM keeps one scale per fused layer). Every tensor is written to one
 model.safetensors, every other file copied. The folder is validated before the rename (no error may remain), then
-optionally put through the acceptance guard (quantize/guard.py), and published atomically.
+optionally put through the acceptance guard (bench/runtime_guard.py), and published atomically.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2, canonical_name, linear_modules, vllm_prefix
 from dspark_cli.runtime.checkpoint.read import CONFIG_FILE, FLOAT_DTYPES, INDEX_FILE, QUANT_CONFIG_FILE, Checkpoint
 from dspark_cli.runtime.io.outputs import atomic_output_dir
-from dspark_cli.runtime.quantize import fp8
+from dspark_cli.kernels import fp8
 from dspark_cli.runtime.quantize.write import (
     ENGINES,
     PRODUCER,
@@ -74,7 +74,7 @@ class DraftQuantizeReport:
     worst_layer: str
     input_scales: dict[str, float] = field(default_factory=dict)  # fp8: vLLM prefix -> input_scale
     calibration_prompts: int = 0
-    guard: dict | None = None  # the acceptance guard's figures (quantize/guard.py), when it ran
+    guard: dict | None = None  # the acceptance guard's figures (bench/runtime_guard.py), when it ran
     warnings: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 

@@ -102,7 +102,7 @@ class QuantizeReport:
     linked_files: list[str] = field(default_factory=list)
     copied_files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    guard: dict | None = None  # the acceptance guard's figures (quantize/guard.py), when it ran
+    guard: dict | None = None  # the acceptance guard's figures (bench/runtime_guard.py), when it ran
     wall_s: float = 0.0
 
     @property

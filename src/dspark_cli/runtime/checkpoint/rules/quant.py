@@ -196,7 +196,7 @@ def _fp8_claim(ctx: RuleContext, module: LinearModule, weight: str, claimed: str
         why = f"{quant.where} quantizes {module.prefix} as {claimed}"
     out.add("DSP319", f"{weight} is stored as FP8 (float8_e4m3fn) but {why}; vLLM would load or scale it wrongly.",
             f"Name {module.prefix!r} in quantized_layers with quant_algo FP8 (MIXED_PRECISION; what dspark quantize "
-            "--format fp8 writes).")
+            "writes with the fp8 format).")
     return out
 
 
