@@ -9,7 +9,7 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk and training (F1-F10), quantized GGUFs with the acceptance guard (Q1-), and validate on
+model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk, training, settings and reports (F1-F12), quantized GGUFs with the acceptance guard and quantize's FP8 and runtime guard (Q1-Q20), and validate on
 GGUF files, the silent-degradation rules and the probe (R1-R7), and bench audit's check of a live engine (X1-X5).
 """
 
@@ -517,6 +517,37 @@ MUTATIONS = [
     m("Q14", "an NVFP4 Linear layer dequantized at load without its weight_scale_2", "model/draft_io.py",
       [('parts["weight_scale_2"].to(torch.float32).reshape(()))', 'torch.ones(()))')],
       "test_quantize_draft.py::test_validate_is_clean_and_the_weights_dequantize_at_load"),
+    # DFlash2's settings and reports (F11-F12)
+    m("F11", "a draft top-k silently accepted for a DFlash2 draft (its selector walks the trained k)", "settings.py",
+      [("    if requested.draft_topk is not None:\n        raise SettingError(\"draft_topk\", f\"cannot be used with a DFlash2",
+        "    if False:\n        raise SettingError(\"draft_topk\", f\"cannot be used with a DFlash2")],
+      "test_settings.py::test_a_dflash2_draft_refuses_a_draft_top_k_and_a_markov_strategy"),
+    m("F12", "a DFlash2 draft's per-round stage time labelled the Markov stage", "../cli/render.py",
+      [('return "selector stage" if markov == SELECTOR else "Markov stage"', 'return "Markov stage"')],
+      "test_generate_cli.py::test_a_dflash2_report_names_its_path_selector_not_a_markov_stage"),
+    # quantize --format fp8 and the runtime acceptance guard (Q15-Q20)
+    m("Q15", "FP8 scales amax / 240 (E4M3FNUZ's range) instead of amax / 448", "../kernels/fp8.py",
+      [("return float(torch.tensor(amax, dtype=torch.float32) / FP8_MAX)",
+        "return float(torch.tensor(amax, dtype=torch.float32) / 240.0)")],
+      "test_quantize_fp8.py::test_fp8_is_modelopts_bit_for_bit_and_uses_the_whole_e4m3_range"),
+    m("Q16", "FP8 input_scale taken from the weight's range, not the calibrated activations", "quantize/draft_scope.py",
+      [("input_scale = torch.tensor(fp8.fp8_scale(input_amax), dtype=torch.float32)",
+        "input_scale = torch.tensor(scale, dtype=torch.float32)")],
+      "test_quantize_fp8.py::test_input_scales_are_the_calibrated_input_range_over_448"),
+    m("Q17", "the runtime runs an FP8 layer W8A16 (its input never quantized)", "model/draft_io.py",
+      [("    model.get_submodule(module).register_forward_pre_hook(\n", "    (lambda hook: None)(\n")],
+      "test_quantize_fp8.py::test_the_runtime_runs_the_layers_as_vllms_w8a8"),
+    m("Q18", "the runtime guard measures the quantized draft as its own reference", "bench/runtime_guard.py",
+      [('reference = measure_draft(target, unquantized, settings, "unquantized")',
+        'reference = measure_draft(target, quantized, settings, "unquantized")')],
+      "test_quantize_fp8.py::test_the_guard_refuses_a_broken_quantization"),
+    m("Q19", "FP8 shards of a fused layer each with their own weight scale", "quantize/draft_scope.py",
+      [("            quantized = quantize(weight, scale)\n", "            quantized = quantize(weight)\n")],
+      "test_quantize_fp8.py::test_every_linear_layer_is_fp8_with_one_scale_per_fused_layer"),
+    m("Q20", "validate does not look for an FP8 layer's input_scale", "checkpoint/rules/quant.py",
+      [('\n                                  ("input_scale", "the static scale of its input activation", "DSP318")):',
+        '):')],
+      "test_validate_rules.py"),
     # validate on GGUF files, the silent-degradation rules and the probe (R1-): tests/fixtures/misexport.py's corpus
     m("R1", "validate's GGUF reader skips the +1 on layer ids", "checkpoint/gguf_read.py",
       [("return [k - 1 for k in llamacpp_ids]", "return list(llamacpp_ids)")],

@@ -31,14 +31,19 @@ def fp8_scale(amax: float) -> float:
 
 def quantize_fp8(weight: torch.Tensor, scale: float | None = None) -> FP8Weight:
     """Per-tensor FP8 of `weight` [N, K] with `scale` (default: its own amax / 448)."""
+    weight, scale_t = _float_and_scale(weight, scale)
+    data = (weight / scale_t).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # [N, K]
+    return FP8Weight(data, scale_t)
+
+
+def _float_and_scale(weight: torch.Tensor, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight in float32, its scale as a float32 [] tensor); ValueError for NaN / Inf."""
     weight = weight.float()
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("the weight holds NaN or Inf values")
     if scale is None:
         scale = fp8_scale(float(weight.abs().max()) if weight.numel() else 0.0)
-    scale_t = torch.tensor(scale, dtype=torch.float32)
-    data = (weight / scale_t).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # [N, K]
-    return FP8Weight(data, scale_t)
+    return weight, torch.tensor(scale, dtype=torch.float32)
 
 
 def dequantize_fp8(weight: FP8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -60,11 +65,6 @@ def quantize_fp8_modelopt(weight: torch.Tensor, scale: float | None = None) -> F
         warnings.filterwarnings("ignore", category=UserWarning, module=r"modelopt(\.|$)")
         from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
 
-    weight = weight.float()
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError("the weight holds NaN or Inf values")
-    if scale is None:
-        scale = fp8_scale(float(weight.abs().max()) if weight.numel() else 0.0)
-    scale_t = torch.tensor(scale, dtype=torch.float32)
+    weight, scale_t = _float_and_scale(weight, scale)
     quantized, _ = FP8QTensor.quantize(weight, scales=scale_t)
     return FP8Weight(quantized._quantized_data, scale_t)
