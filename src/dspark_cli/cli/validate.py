@@ -133,16 +133,18 @@ def run_probe(report: "Report", target: str, checkpoint: str, device: str):
 
 
 def engine_verdicts(name: str, ckpt, report: "Report") -> list:
-    """The per-engine verdicts `--engine` asks for; none for vllm, whose verdict is validate's own report."""
-    if name == "vllm":
-        return []
+    """The per-engine verdicts `--engine` asks for. For vllm (the default) validate's own report is the verdict,
+    unless vLLM's own engine rules refuse the draft (DSP731, DSP732: quantized Linear layers): then its verdict."""
     from dspark_cli.runtime.engines import ENGINES
     from dspark_cli.runtime.engines import engine as named_engine
     from dspark_cli.runtime.engines.seam import draft_config
 
     chosen = ENGINES.values() if name == "all" else [named_engine(name)]
     config = draft_config(ckpt, report)
-    return [e.verdict(report, config) for e in chosen]
+    verdicts = [e.verdict(report, config) for e in chosen]
+    if name == "vllm":
+        return verdicts if any(f.code not in report.codes for f in verdicts[0].refused) else []
+    return verdicts
 
 
 def engine_table(verdicts: list) -> Table:
@@ -234,6 +236,8 @@ def resolved_rows(resolved: dict) -> list[tuple[str, str]]:
                         if resolved["markov_rank"] else "none"),
         ("confidence", str(resolved["confidence_head"])),
         ("layout", str(resolved["layout"])),
+        ("linear layers", ", ".join(f"{count} {kind.upper()}" for kind, count
+                                    in resolved["quantized_linear_layers"].items()) or "unquantized"),
         ("embed / lm_head", f"{resolved['embed_tokens']} / {resolved['lm_head']}"),
         ("weights", f"{resolved['tensors']} tensors in {resolved['shards']} file(s), "
                     f"{format_bytes(resolved['bytes'], decimal=True)}"),
