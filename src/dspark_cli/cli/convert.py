@@ -90,7 +90,20 @@ def _to_gguf(draft: str, out: Path, target: str | None, force: bool) -> dict:
         raise DsparkError("a GGUF takes its tokenizer from the target, so the target option must name its folder.")
     summary = convert_to_gguf(draft, out, target=target, force=force)
     return {**summary, "line": f"wrote {summary['output']}: llama.cpp {summary['architecture']} GGUF, "
-            f"{summary['tensors']} tensors, target layers {summary['target_layers']} (llama.cpp's numbering)"}
+            f"{summary['tensors']} tensors, target layers {summary['target_layers']} (llama.cpp's numbering)"
+            + _dequantized_line(summary)}
+
+
+def _dequantized_line(summary: dict) -> str:
+    """The quantized Linear layers written dequantized, and FP8's input scales dropped (docs/convert.md)."""
+    counts = summary.get("dequantized")
+    if not counts:
+        return ""
+    kinds = " and ".join(f"{count} {kind.upper()}" for kind, count in sorted(counts.items()))
+    dropped = summary.get("dropped") or []
+    return (f"\ndequantized {kinds} Linear weight{'s' if sum(counts.values()) != 1 else ''} to F32 (exact)"
+            + (f"; dropped {len(dropped)} FP8 input_scale tensors (llama.cpp quantizes no activations with them)"
+               if dropped else ""))
 
 
 @dataclass(frozen=True)
@@ -195,7 +208,7 @@ def _quantized_line(summary: dict) -> str:
     types = ", ".join(f"{count} {kind}" for kind, count in sorted(summary["tensor_types"].items()))
     line = (f"wrote {summary['output']}: llama.cpp {summary['architecture']} GGUF at {summary['outtype']}, "
             f"{summary['bytes'] / 1e6:.2f} MB (unquantized {summary['unquantized_bytes'] / 1e6:.2f} MB); tensors: "
-            f"{types}")
+            f"{types}" + _dequantized_line(summary))
     guard = summary.get("guard")
     if guard is not None:
         verdict = "passed" if guard["passed"] else "WARNING: failed, written anyway"

@@ -3,6 +3,7 @@ llama.cpp's GGUF, torch-free.
 
 - gguf.py         a DSpark/DFlash draft as a llama.cpp `dflash` GGUF (keys, tensor names and the tokenizer as
                   llama.cpp's own converter writes them), or the one-sentence reason it cannot be faithful
+- dequant.py      its ModelOpt NVFP4 / FP8 Linear layers (quantize --scope draft) dequantized to F32, exactly
 - target_gguf.py  a Hugging Face Qwen3 / Qwen2 target as llama.cpp's `qwen3` / `qwen2` GGUF, or the reason it is refused
 - gguf_vocab.py   a byte-level BPE tokenizer as GGUF tokenizer keys, the pre-tokenizer named by its regexes
 - gguf_quant.py   such a GGUF quantized: Q8_0 / Q4_0 / Q4_K by dspark's block quantizers (llama-quantize --pure's

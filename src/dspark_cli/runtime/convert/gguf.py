@@ -11,7 +11,10 @@ What llama.cpp expects was read from its source at b11434:
   (the confidence head must read the Markov state), `markov_w2` has at most a per-tensor `.scale` (no NVFP4 block
   scales), `output.weight` is optional (a full-vocabulary draft without one uses its token embeddings).
 The draft's tensors are carried exactly: matrices in their own dtype, vectors as F32 (what llama.cpp's converter
-does with 1-D tensors; BF16 and F16 widen to F32 without rounding). A draft lm_head is kept as `output.weight`
+does with 1-D tensors; BF16 and F16 widen to F32 without rounding). A Linear weight `dspark quantize --scope draft`
+stored as ModelOpt NVFP4 or FP8 is written dequantized, as F32 (exact: the value vLLM's kernel and dspark's runtime
+multiply with; convert/dequant.py), its scale tensors not written; FP8's static input_scale has no GGUF counterpart
+and is dropped. A draft lm_head is kept as `output.weight`
 (llama.cpp's converter drops a full-vocabulary one to share the target's; keeping it changes nothing for a draft
 whose head is the target's and keeps one that is not).
 """
@@ -29,6 +32,7 @@ from dspark_cli.runtime.checkpoint.gguf_read import LAYER_IDS_KEY
 from dspark_cli.runtime.checkpoint.layout import MARKOV_W2_SCALE, canonical_name
 from dspark_cli.runtime.checkpoint.read import Checkpoint, TensorInfo, open_checkpoint
 from dspark_cli.runtime.convert import dflash2_gguf
+from dspark_cli.runtime.convert.dequant import QuantizedLinear, dequantize, quantized_linears
 from dspark_cli.runtime.convert.gguf_vocab import read_vocab, write_vocab
 from dspark_cli.runtime.engines import llamacpp
 from dspark_cli.runtime.io.outputs import atomic_output_file, check_output_file, local_inputs
@@ -71,22 +75,36 @@ def convert_to_gguf(draft: str, out: str | os.PathLike, target: str, force: bool
     config = DraftConfig.from_dict(ckpt.config)
     target_dir = _target_folder(target)
     refuse_unfaithful(config, ckpt)
-    names = gguf_tensor_names(ckpt)
+    linears = quantized_linears(ckpt)
+    names = gguf_tensor_names(ckpt, linears)
     vocab = read_vocab(target_dir, config.vocab_size)
     with atomic_output_file(out, force) as tmp:
         writer = _writer(tmp)
-        write_keys(writer, config, names, ckpt, Path(draft).name)
+        write_keys(writer, config, names, ckpt, Path(draft).name, linears)
         write_source(writer, ckpt)
         write_vocab(writer, vocab)
         for source, name in names.items():
-            add_tensor(writer, name, ckpt, ckpt.tensors[source])
+            if source in linears:
+                writer.add_tensor(name, dequantize(ckpt, linears[source]))
+            else:
+                add_tensor(writer, name, ckpt, ckpt.tensors[source])
         _add_d2t(writer, ckpt)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
     return {"output": str(out), "architecture": ARCH, "tensors": len(names) + (_d2t_name(ckpt) is not None),
-            "target_layers": llamacpp_target_layers(config.layer_ids)}
+            "target_layers": llamacpp_target_layers(config.layer_ids), **dequantized_summary(linears)}
+
+
+def dequantized_summary(linears: dict[str, QuantizedLinear]) -> dict:
+    """What the conversion dequantized: {"dequantized": {"fp8": 8}, "dropped": [FP8 input_scale names]}, or {}."""
+    if not linears:
+        return {}
+    counts: dict[str, int] = {}
+    for linear in linears.values():
+        counts[linear.format] = counts.get(linear.format, 0) + 1
+    return {"dequantized": counts, "dropped": sorted(name for linear in linears.values() for name in linear.dropped)}
 
 
 def refuse_unfaithful(config: DraftConfig, ckpt: Checkpoint) -> None:
@@ -164,13 +182,14 @@ def llamacpp_target_layers(layer_ids: list[int]) -> list[int]:
     return [i + 1 for i in layer_ids]
 
 
-def gguf_tensor_names(ckpt: Checkpoint) -> dict[str, str]:
-    """On-disk name -> llama.cpp name for every tensor written (d2t apart); DsparkError for one llama.cpp does
-    not load."""
+def gguf_tensor_names(ckpt: Checkpoint, linears: dict[str, QuantizedLinear] | None = None) -> dict[str, str]:
+    """On-disk name -> llama.cpp name for every tensor written (d2t and the scales of quantized Linear layers,
+    `linears`, apart: those weights are written dequantized); DsparkError for one llama.cpp does not load."""
+    scales = {name for linear in (linears or {}).values() for name in linear.scales}
     names = {}
     for source in ckpt.tensors:
         name = canonical_name(source)
-        if name in SKIPPED or name == "d2t":
+        if name in SKIPPED or name == "d2t" or source in scales:
             continue
         mapped = _llamacpp_name(name)
         if mapped is None:
@@ -180,11 +199,12 @@ def gguf_tensor_names(ckpt: Checkpoint) -> dict[str, str]:
     return names
 
 
-def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpoint, title: str) -> None:
+def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpoint, title: str,
+               linears: dict[str, QuantizedLinear] | None = None) -> None:
     """The keys llama.cpp's converter writes for a DSpark draft (conversion/base.py, conversion/qwen.py)."""
     writer.add_type("model")
     writer.add_name(title)
-    for key, value in _uint_keys(config, ckpt).items():
+    for key, value in _uint_keys(config, ckpt, linears or {}).items():
         writer.add_uint32(key, value)
     writer.add_float32(f"{ARCH}.rope.freq_base", config.rope_theta)
     writer.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
@@ -204,7 +224,7 @@ def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpo
     writer.add_uint32("general.quantization_version", 2)
 
 
-def _uint_keys(config: DraftConfig, ckpt: Checkpoint) -> dict[str, int]:
+def _uint_keys(config: DraftConfig, ckpt: Checkpoint, linears: dict[str, QuantizedLinear]) -> dict[str, int]:
     head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
     keys = {
         f"{ARCH}.block_count": config.num_hidden_layers,
@@ -215,7 +235,7 @@ def _uint_keys(config: DraftConfig, ckpt: Checkpoint) -> dict[str, int]:
         f"{ARCH}.attention.head_count_kv": config.num_key_value_heads,
         f"{ARCH}.attention.key_length": head_dim,
         f"{ARCH}.attention.value_length": head_dim,
-        "general.file_type": file_type(ckpt),
+        "general.file_type": file_type(ckpt, linears),
         f"{ARCH}.block_size": config.block_size.value,
         "tokenizer.ggml.mask_token_id": config.mask_token_id,
     }
@@ -230,11 +250,17 @@ def _llamacpp_name(name: str) -> str | None:
     return TOP_TENSORS.get(name) or dflash2_gguf.llamacpp_name(name)
 
 
-def file_type(ckpt: Checkpoint) -> int:
-    """llama.cpp's general.file_type for the draft's matrices: the dtype most of their bytes are in."""
+def file_type(ckpt: Checkpoint, dequantized: dict[str, QuantizedLinear] | None = None) -> int:
+    """llama.cpp's general.file_type for the draft's matrices as written: the dtype most of their bytes are in (a
+    `dequantized` weight as the F32 it is written in, its scales not at all)."""
+    dequantized = dequantized or {}
+    scales = {name for linear in dequantized.values() for name in linear.scales}
     sizes: dict[str, int] = {}
     for info in ckpt.tensors.values():
-        if len(info.shape) == 2:
+        if info.name in dequantized:
+            numel = info.numel * (2 if dequantized[info.name].format == "nvfp4" else 1)  # two codes a byte
+            sizes["F32"] = sizes.get("F32", 0) + 4 * numel
+        elif len(info.shape) == 2 and info.name not in scales:
             sizes[info.dtype] = sizes.get(info.dtype, 0) + info.nbytes
     return FILE_TYPES.get(max(sizes, key=sizes.get), 0)
 

@@ -39,6 +39,7 @@ from dspark_cli.runtime.engines.seam import (
     ServeRequest,
     engine_finding,
     head_quantization,
+    linear_quantization,
     refuse_own_flags,
 )
 from dspark_cli.runtime.settings import resolve_block_size, trained_block_size
@@ -66,9 +67,12 @@ def plan_serve(request: ServeRequest) -> ServePlan:
     target, draft = gguf_beside(request.target, "target"), gguf_beside(request.draft, "draft")
     spec = {"spec_type": spec_type(config), "spec_draft_n_max": resolve_block_size(config, request.block_size)}
     argv = llama_server_argv(target, draft, spec, request)
+    quant = linear_quantization(config, report)
+    stored = "unquantized" if quant is None else (
+        f"{' and '.join(kind.upper() for kind in sorted(quant.counts))} in the folder, dequantized in the GGUF")
     return ServePlan(target=target, draft=draft, speculative_config=spec, argv=argv, engine=ENGINE.name,
-                     report=report, trained_block_size=trained_block_size(config), draft_quantization="unquantized",
-                     notes=_notes(request, target, draft))
+                     report=report, trained_block_size=trained_block_size(config), draft_quantization=stored,
+                     notes=_notes(request, target, draft) + quantized_layer_notes(config, report))
 
 
 def refuse_unread_settings(request: ServeRequest) -> None:
@@ -164,7 +168,22 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     if config.family == "dflash2":
         notes.append("DFlash2: llama.cpp walks the selector's lattice greedily at every temperature (the target "
                      "still verifies exactly); its selector top-1 probability is the cut-off spec-draft-p-min reads.")
+    notes += quantized_layer_notes(config, report)
     return findings, notes
+
+
+def quantized_layer_notes(config: DraftConfig, report: Report) -> list[str]:
+    """What the GGUF holds for ModelOpt-quantized Linear layers: dspark convert dequantizes them exactly
+    (convert/dequant.py) and writes F32, or the outtype's own quantization; FP8's static input scales have no GGUF
+    tensor (llama.cpp quantizes each matmul's activations its own way, if at all), so they are dropped."""
+    quant = linear_quantization(config, report)
+    if quant is None:
+        return []
+    note = (f"{quant.stored}: dspark convert writes them dequantized (exact) as F32, or in the outtype you "
+            "choose; llama.cpp runs no ModelOpt format")
+    if "fp8" in quant.counts:
+        note += "; FP8's static input scales are dropped (activations stay unquantized)"
+    return [note + "."]
 
 
 def _notes(request: ServeRequest, target: str, draft: str) -> list[str]:

@@ -244,6 +244,43 @@ def head_quantization(report: Report) -> str | None:
     return head if head and head.startswith("nvfp4") else None
 
 
+QKV = (".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.qkv_proj")  # vLLM prefixes' ends
+
+
+@dataclass(frozen=True)
+class LinearQuantization:
+    """The draft's Linear weights stored quantized, markov_w2 aside (`dspark quantize --scope draft`): how many in
+    each format (validate's resolved quantized_linear_layers, read from the tensors) and which layers config.json's
+    quantization_config names in its quantized_layers (vLLM prefixes: model.layers.0.self_attn.q_proj, model.fc,
+    lm_head), or None where it names none (a single-algorithm config, or hf_quant_config.json alone, claims every
+    layer it does not exclude: each layer then counts as possibly quantized)."""
+
+    counts: dict[str, int]  # {"nvfp4": 8} / {"fp8": 8}
+    names: frozenset[str] | None
+
+    def covers(self, *ends: str) -> bool:
+        """Whether a quantized layer's prefix ends with one of `ends` (every layer may, when no names are given)."""
+        return self.names is None or any(name.endswith(ends) for name in self.names)
+
+    @property
+    def stored(self) -> str:
+        """'8 Linear weights are stored as FP8', for messages."""
+        total = sum(self.counts.values())
+        kinds = " and ".join(kind.upper() for kind in sorted(self.counts))
+        return f"{total} Linear weight{'s are' if total != 1 else ' is'} stored as {kinds}"
+
+
+def linear_quantization(config: DraftConfig, report: Report) -> LinearQuantization | None:
+    """The draft's quantized Linear layers (LinearQuantization), or None when every one is unquantized."""
+    counts = report.resolved.get("quantized_linear_layers") or {}
+    if not counts:
+        return None
+    quant = config.raw.get("quantization_config")
+    layers = quant.get("quantized_layers") if isinstance(quant, dict) else None
+    names = frozenset(layers) if isinstance(layers, dict) and layers else None
+    return LinearQuantization(dict(counts), names)
+
+
 class DraftRefused(DsparkError):
     """validate found errors the engine refuses: it would fail to load (or would mis-serve) this draft."""
 

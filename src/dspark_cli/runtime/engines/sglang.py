@@ -17,6 +17,8 @@ Every rule below was read from sgl-project/sglang (docs/engine-sglang.md lists t
 - the launch flags (--speculative-algorithm DSPARK, --speculative-draft-model-path, --speculative-dspark-block-size
   = gamma, the draft tokens per round, --speculative-dspark-confidence-sts-path): ServerArgs in
   python/sglang/srt/server_args.py (the DSPARK-only fields' help text).
+Quantized Linear layers (dspark quantize --scope draft): python/sglang/srt/models/dflash.py @ 003b23d7 builds qkv_proj
+unquantized ("Intentionally left unquantized"), @ 7f151c5e every layer -> DSP705 for quantized q/k/v.
 Gemma-4 drafts: models/dspark.py registers Qwen3DSparkModel only; whether another SGLang file serves
 Gemma4DSparkModel is not verified (source not found), so it is a note, not a refusal.
 DFlash2 drafts (PR #35371): python/sglang/srt/models/dflash.py's `DFlash2DraftModel` (a DFlashDraftModel with
@@ -35,6 +37,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
+    QKV,
     Engine,
     ServePlan,
     ServeRequest,
@@ -42,6 +45,7 @@ from dspark_cli.runtime.engines.seam import (
     engine_finding,
     head_quantization,
     head_type_finding,
+    linear_quantization,
     refuse_own_flags,
     refuse_vllm_only_settings,
 )
@@ -72,6 +76,9 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     if not config.has_markov and config.family != "dflash2":
         findings.append(engine_finding("DSP704", "the draft has no Markov head (markov_rank 0 or a DFlash draft)."))
     findings += head_type_findings(config)
+    quantized_findings, quantized_notes = quantized_layers(config, report)
+    findings += quantized_findings
+    notes += quantized_notes
     if config.family == "dflash2":
         notes.append("DFlash2: SGLang serves it with its DFLASH algorithm (a block of the anchor and N masks) and "
                      "needs the target's lm_head dense or of a quantization its selector supports.")
@@ -84,6 +91,25 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
         notes.append("Gemma-4 draft: not verified that SGLang serves Gemma4DSparkModel (its models/dspark.py "
                      "registers Qwen3DSparkModel only).")
     return findings, notes
+
+
+def quantized_layers(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
+    """A draft whose Linear layers are ModelOpt-quantized, as SGLang's DFlash layers (which DSpark's and DFlash2's
+    drafts are built on) read it. python/sglang/srt/models/dflash.py @ 003b23d7 builds qkv_proj with quant_config=None
+    ("Intentionally left unquantized": kv_proj_only slices its raw weight) and o_proj, the MLP and fc with the
+    quant_config; @ 7f151c5e every layer is unquantized. Its load_weights skips names it has no parameter for
+    (weight_scale, input_scale) and loads the weight itself into the unquantized one: a packed NVFP4 [N, K/2] does
+    not fit, FP8 codes load without their scale -> DSP705 for quantized q/k/v; other quantized layers are a note (which
+    of the two versions a release has is not verified). The draft's own lm_head is dropped anyway (the target's is
+    used)."""
+    quant = linear_quantization(config, report)
+    if quant is None:
+        return [], []
+    if quant.covers(*QKV):
+        return [engine_finding("DSP705", f"{quant.stored}, q/k/v projections among them; SGLang builds qkv_proj "
+                                         "unquantized (models/dflash.py) and loads no weight_scale into it.")], []
+    return [], [f"{quant.stored} (not q/k/v): SGLang's models/dflash.py @ 003b23d7 builds o_proj, the MLP and fc with "
+                "the quantization config, @ 7f151c5e unquantized; not verified for your release."]
 
 
 def head_type_findings(config: DraftConfig) -> list[Finding]:

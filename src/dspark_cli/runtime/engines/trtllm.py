@@ -18,7 +18,12 @@ Read from NVIDIA/TensorRT-LLM (docs/engine-trtllm.md):
 - tensorrt_llm/commands/serve.py @ 00209af1: `--config` / `--extra_llm_api_options` take the YAML.
 - tensorrt_llm/_torch/models/modeling_dflash.py @ 009d8fa4: DFlashForCausalLM's block decode runs each draft
   layer as attention, o_proj, post-attention norm and MLP, with no grouped convolution, and the file has no
-  candidate selector, so a DFlash2 draft would be drafted as another model -> DSP741.
+  candidate selector, so a DFlash2 draft would be drafted as another model -> DSP741. Its `load_weights` rebuilds fc
+  as a plain nn.Linear of the stored fc.weight's shape and dtype and copies the weight in, and
+  `_build_fused_kv_buffers` concatenates every layer's `qkv_proj.weight[q_size : q_size + 2 * kv_size]` for the one
+  F.linear of `precompute_context_kv`: quantized q/k/v or fc (dspark quantize --scope draft) are multiplied as dense
+  matrices without their scales -> DSP712 (GQADSparkForCausalLM @ 008b54fe is a DFlashForCausalLM and loads through
+  it).
 Not verified: that a standalone drafter builds gated / rnn heads (the config accepts them); NVFP4 markov_w2; how
 speculators configs are mapped; Gemma-4 drafts. Each is a note in the verdict, not a silent "serves".
 """
@@ -33,6 +38,7 @@ from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Finding, Report
 from dspark_cli.runtime.engines.seam import (
+    QKV,
     Engine,
     ServePlan,
     ServeRequest,
@@ -40,6 +46,7 @@ from dspark_cli.runtime.engines.seam import (
     engine_finding,
     head_quantization,
     head_type_finding,
+    linear_quantization,
     refuse_own_flags,
     refuse_vllm_only_settings,
 )
@@ -71,6 +78,15 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
                      "enable_confidence_scheduling and its own profiled SPS table, which dspark does not write.")
     if head_quantization(report):
         notes.append("NVFP4 markov_w2: not verified that a standalone TensorRT-LLM drafter loads it.")
+    quant = linear_quantization(config, report)
+    if quant is not None and quant.covers(*QKV, ".fc"):
+        findings.append(engine_finding("DSP712", f"{quant.stored}, q/k/v projections or fc among them; TensorRT-LLM's "
+                                                 "standalone drafter rebuilds fc as a plain nn.Linear from the stored "
+                                                 "weight and multiplies each qkv_proj.weight as a dense matrix for the "
+                                                 "context K/V (modeling_dflash.py)."))
+    elif quant is not None:
+        notes.append(f"{quant.stored} (not q/k/v or fc): not verified that a standalone TensorRT-LLM drafter loads "
+                     "them quantized.")
     if config.format.startswith("speculators"):
         notes.append("speculators-format config: not verified how TensorRT-LLM maps its block slots.")
     if config.family == "gemma4":

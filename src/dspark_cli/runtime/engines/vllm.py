@@ -21,7 +21,16 @@ from typing import Any, NoReturn
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.rules import Report
-from dspark_cli.runtime.engines.seam import Engine, ServePlan, ServeRequest, checked_pair, head_quantization
+from dspark_cli.runtime.engines.seam import (
+    QKV,
+    Engine,
+    ServePlan,
+    ServeRequest,
+    checked_pair,
+    engine_finding,
+    head_quantization,
+    linear_quantization,
+)
 from dspark_cli.runtime.settings import resolve_block_size, resolve_draft_topk, trained_block_size
 
 VLLM = "vllm"
@@ -204,8 +213,38 @@ def _draft_topk(config: DraftConfig, requested: int | None, method: str) -> int 
 
 
 def rules(config: DraftConfig, report: Report) -> tuple[list, list[str]]:
-    """What vLLM serves with losses: validate's vLLM-specific warnings, one note each (no refusals of its own)."""
-    return [], [f"{finding.code} {finding.message}" for finding in report.warnings if finding.code in LOSS_CODES]
+    """vLLM's own refusals of quantized Linear layers (DSP731, DSP732) and what it serves with losses: validate's
+    vLLM-specific warnings, one note each."""
+    notes = [f"{finding.code} {finding.message}" for finding in report.warnings if finding.code in LOSS_CODES]
+    return quantized_layer_findings(config, report), notes
+
+
+def quantized_layer_findings(config: DraftConfig, report: Report) -> list:
+    """A draft whose Linear layers are ModelOpt-quantized (dspark quantize --scope draft), as vLLM's source reads it:
+    - DFlashQwen3Model (vllm/model_executor/models/qwen3_dflash.py @ 036a00d1, the backbone of qwen3_dspark.py @
+      0302ff40 and qwen3_dflash2.py) builds qkv_proj, o_proj, the MLP and fc with the draft's own quant_config
+      (utils.get_draft_quant_config; vllm/v1/worker/gpu/spec_decode/dspark/utils.py @ 0308cbae load_dspark_model
+      sets it), so they load. But its context-K/V precompute, which every draft step and the start-up dummy run go
+      through, takes `qkv_proj.weight[q_size:]` of every layer (_build_context_kv_buffers, called at the end of
+      load_weights) and multiplies it with F.linear (_project_context_kv), outside the layer's quantization method:
+      a packed uint8 (NVFP4) or float8 (FP8) weight against bf16 activations -> DSP731.
+    - Qwen3DSparkForCausalLM (and DFlashQwen3ForCausalLM) build the draft's lm_head as ParallelLMHead without a
+      quant_config (unlike markov_w2, which gets one), so a quantized lm_head's packed weight and scales have no
+      quantized parameters to load into -> DSP732."""
+    quant = linear_quantization(config, report)
+    if quant is None:
+        return []
+    found = []
+    if quant.covers(*QKV):
+        found.append(engine_finding("DSP731", f"{quant.stored}, q/k/v projections among them; vLLM's DFlash backbone "
+                                              "(qwen3_dflash.py) multiplies each layer's stored qkv_proj.weight as "
+                                              "a dense matrix for the context K/V, outside its quantization "
+                                              "method."))
+    if quant.names is not None and "lm_head" in quant.names:
+        found.append(engine_finding("DSP732", "the lm_head is quantized; vLLM builds the draft's lm_head as an "
+                                              "unquantized ParallelLMHead (qwen3_dspark.py, qwen3_dflash.py), so its "
+                                              "packed weight and scales do not load."))
+    return found
 
 
 def _quantization(report: Report) -> str:
@@ -222,8 +261,8 @@ def plain_argv(request: ServeRequest) -> list[str]:
     return argv + list(request.engine_args)
 
 ENGINE = Engine(name="vllm", label="vLLM", source="vLLM's source files and commits listed in docs/serve.md "
-                "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py and "
-                "gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
+                "(vllm/config/speculative.py SpeculativeConfig, vllm/model_executor/models/qwen3_dspark.py, "
+                "qwen3_dflash.py and gemma4_dspark.py)", own_codes=OWN_CODES, plan=plan_serve, rules=rules,
                 layout="DeepSpec, SpecForge or speculators (vLLM's adapter maps speculators configs); Qwen3 or "
                 "Gemma-4 backbone", reads="the draft and target folders; a survival threshold (from-plan option)",
                 installed=lambda: find_vllm() is not None, install_hint=INSTALL_HINT, plain=plain_argv,

@@ -4,7 +4,8 @@
 DSP0xx config, DSP1xx vLLM load errors, DSP2xx tensors, DSP3xx NVFP4, DSP4xx files, DSP5xx read errors (raised
 as CheckpointError, exit 2), DSP6xx deep value checks, DSP8xx GGUF files (a llama.cpp `dflash` draft GGUF checked by
 rules/gguf.py; DSP801 is its read error, exit 2). `ENGINE_CODES` (DSP7xx) are the restrictions of one serving
-engine other than vLLM: evaluated by that engine's module (runtime/engines/), never by `validate_checkpoint`.
+engine: evaluated by that engine's module (runtime/engines/), never by `validate_checkpoint` (vLLM's few, DSP73x,
+beside the validate codes vLLM's report already carries, such as DSP012).
 """
 
 from __future__ import annotations
@@ -151,8 +152,13 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
                "target vocabulary)", "serve it with vLLM, or train a full-vocabulary draft"),
     "DSP704": ("SGLang", "draft without a Markov head (SGLang's DSPARK algorithm requires markov_rank > 0)",
                "serve a DFlash draft with vLLM (method dflash)"),
+    "DSP705": ("SGLang", "quantized q/k/v projections (SGLang's DFlash layers build qkv_proj unquantized)",
+               "serve the unquantized draft (before dspark quantize), or convert the quantized one for llama.cpp"),
     "DSP711": ("TensorRT-LLM", "draft without a Markov head (dspark hands TensorRT-LLM DSpark drafts only)",
                "serve a DFlash draft with vLLM (method dflash)"),
+    "DSP712": ("TensorRT-LLM", "quantized q/k/v projections or fc (its standalone drafter multiplies them as dense "
+               "matrices)", "serve the unquantized draft (before dspark quantize), or convert the quantized one for "
+               "llama.cpp"),
     "DSP741": ("TensorRT-LLM", "DFlash2 draft (TensorRT-LLM's DFlash drafter has no grouped convolution or path "
                "selector)", "serve it with vLLM (method dflash), SGLang (DFLASH) or llama.cpp (draft-dflash)"),
     "DSP721": ("llama.cpp", "draft backbone other than Qwen3 (llama.cpp's dflash model and its converter are "
@@ -169,6 +175,11 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
                "as DeepSpec does"),
     "DSP726": ("TensorRT-LLM", "Markov head type TensorRT-LLM does not build (vanilla, gated, rnn)",
                "retrain with a vanilla, gated or rnn Markov head"),
+    "DSP731": ("vLLM", "quantized q/k/v projections (vLLM's DFlash backbone multiplies qkv_proj.weight as a dense "
+               "matrix for the context K/V)", "serve the unquantized draft (before dspark quantize); the quantized "
+               "one runs in dspark's own runtime, and as a dequantized GGUF in llama.cpp"),
+    "DSP732": ("vLLM", "quantized lm_head (vLLM builds the draft's lm_head unquantized)",
+               "quantize without the lm-head option (the lm_head stays bf16)"),
 }
 
 # Raised as CheckpointError (exit code 2) by checkpoint/read.py, rules/context.py (DSP512) and rules/deep.py (DSP514).
