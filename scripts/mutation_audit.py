@@ -9,7 +9,7 @@ scale, calibration, the verify budget and run-file saving (E1-E12), and bench ma
 heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the engines', the training feature
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
-model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk, training, settings and reports (F1-F12), quantized GGUFs with the acceptance guard and quantize's FP8 and runtime guard (Q1-Q20), and validate on
+model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk, training, settings and reports (F1-F12), quantized GGUFs with the acceptance guard and quantize's FP8, runtime guard and default layers (Q1-Q21), and validate on
 GGUF files, the silent-degradation rules and the probe (R1-R7), and bench audit's check of a live engine (X1-X5).
 """
 
@@ -517,6 +517,9 @@ MUTATIONS = [
     m("Q14", "an NVFP4 Linear layer dequantized at load without its weight_scale_2", "model/draft_io.py",
       [('parts["weight_scale_2"].to(torch.float32).reshape(()))', 'torch.ones(()))')],
       "test_quantize_draft.py::test_validate_is_clean_and_the_weights_dequantize_at_load"),
+    m("Q21", "scope draft quantizes q/k/v by default (vLLM and SGLang refuse such a draft)", "quantize/draft_scope.py",
+      [('or (module.prefix.endswith(".qkv_proj") and not qkv)', 'or False')],
+      "test_quantize_draft.py::test_by_default_qkv_and_the_lm_head_stay_bf16_and_the_engines_are_named"),
     # DFlash2's settings and reports (F11-F12)
     m("F11", "a draft top-k silently accepted for a DFlash2 draft (its selector walks the trained k)", "settings.py",
       [("    if requested.draft_topk is not None:\n        raise SettingError(\"draft_topk\", f\"cannot be used with a DFlash2",

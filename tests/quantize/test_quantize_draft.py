@@ -31,10 +31,10 @@ def pair_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def quantized(pair_dirs, tmp_path_factory):
-    """The draft quantized twice through the CLI: lm_head excluded (the default) and included."""
+    """The draft quantized twice through the CLI, q/k/v included: lm_head excluded (the default) and included."""
     root = tmp_path_factory.mktemp("quantized")
     out = {}
-    for name, extra in (("no_head", []), ("head", ["--lm-head"])):
+    for name, extra in (("no_head", ["--qkv"]), ("head", ["--qkv", "--lm-head"])):
         json_path = root / f"{name}.json"
         result = runner.invoke(app, ["quantize", str(pair_dirs[1]), "-o", str(root / name), "--scope", "draft",
                                      "--engine", "torch", "--json", str(json_path), *extra])
@@ -77,6 +77,25 @@ def test_the_lm_head_is_quantized_only_when_asked(quantized):
     assert with_head["lm_head.weight"].dtype == torch.uint8 and "lm_head.weight_scale_2" in with_head
     assert "lm_head" in json.loads((quantized["head"] / "config.json").read_text())["quantization_config"][
         "quantized_layers"]
+
+
+def test_by_default_qkv_and_the_lm_head_stay_bf16_and_the_engines_are_named(pair_dirs, tmp_path):
+    """vLLM refuses quantized q/k/v (DSP731) and a quantized lm_head (DSP732): the default leaves both out, and
+    asking for them says which engines refuse the result."""
+    json_path = tmp_path / "report.json"
+    result = runner.invoke(app, ["quantize", str(pair_dirs[1]), "-o", str(tmp_path / "out"), "--scope", "draft",
+                                 "--engine", "torch", "--json", str(json_path)])
+    assert result.exit_code == 0, result.output
+    written, report = tensors_of(tmp_path / "out"), json.loads(json_path.read_text())
+    source = tensors_of(pair_dirs[1])
+    for name in ("layers.0.self_attn.q_proj.weight", "layers.1.self_attn.v_proj.weight", "lm_head.weight"):
+        assert torch.equal(written[name], source[name]), name
+    assert written["layers.0.self_attn.o_proj.weight"].dtype == torch.uint8 and written["fc.weight"].dtype == torch.uint8
+    assert report["qkv"] is False and report["warnings"] == []
+    assert not any("q_proj" in layer or "lm_head" in layer for layer in report["quantized_layers"])
+    result = runner.invoke(app, ["quantize", str(pair_dirs[1]), "-o", str(tmp_path / "all"), "--scope", "draft",
+                                 "--engine", "torch", "--qkv", "--lm-head"])
+    assert result.exit_code == 0 and "DSP731" in result.output and "DSP732" in result.output
 
 
 def test_fused_shards_share_one_global_scale(quantized):

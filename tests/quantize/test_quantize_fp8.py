@@ -48,11 +48,11 @@ def run_quantize_fp8(out, prompt_files, *extra):
 
 @pytest.fixture(scope="module")
 def written(prompt_files, tmp_path_factory):
-    """The demo draft in FP8 (guarded, lm_head excluded) and in FP8 with its lm_head."""
+    """The demo draft in FP8, q/k/v included: guarded with the lm_head excluded, and with its lm_head."""
     root = tmp_path_factory.mktemp("fp8")
     out = {}
-    for name, extra in (("no_head", ["--guard-prompts", str(prompt_files[1]), "--guard-tokens", "16"]),
-                        ("head", ["--lm-head"])):
+    for name, extra in (("no_head", ["--qkv", "--guard-prompts", str(prompt_files[1]), "--guard-tokens", "16"]),
+                        ("head", ["--qkv", "--lm-head"])):
         result, report = run_quantize_fp8(root / name, prompt_files, *extra)
         assert result.exit_code == 0, result.output
         out[name], out[f"{name}_report"] = root / name, report

@@ -49,7 +49,12 @@ def quantize(
         help="markov: markov_w2 only (NVFP4 W4A16); draft: every decoder Linear layer and fc (see --format).",
     ),
     lm_head: bool = typer.Option(
-        False, "--lm-head/--no-lm-head", help="With --scope draft: also quantize the draft's own lm_head.",
+        False, "--lm-head/--no-lm-head", help="With --scope draft: also quantize the draft's own lm_head (vLLM builds "
+        "it unquantized and refuses it: DSP732).",
+    ),
+    qkv: bool = typer.Option(
+        False, "--qkv/--no-qkv", help="With --scope draft: also quantize q/k/v (vLLM and SGLang multiply them "
+        "densely for the context K/V and refuse them: DSP731, DSP705; dspark's runtime and convert run them).",
     ),
     fmt: Format = typer.Option(
         Format.nvfp4, "--format", help="With --scope draft: nvfp4 (W4A16) or fp8 (W8A8, static scales calibrated "
@@ -93,11 +98,11 @@ def quantize(
     guard = _guard(target, guard_prompts, max_tau_drop, guard_warn, guard_tokens)
     if scope is Scope.draft:
         calibrated = _calibration(fmt, target, calibration, calibration_tokens)
-        _quantize_draft(checkpoint, out, fmt, lm_head, engine, force, revision, sample_rows, calibrated, guard,
+        _quantize_draft(checkpoint, out, fmt, lm_head, qkv, engine, force, revision, sample_rows, calibrated, guard,
                         json_path)
         return
-    if lm_head or fmt is not Format.nvfp4 or calibration is not None:
-        raise DsparkError("--lm-head, --format and --calibration need --scope draft (--scope markov quantizes "
+    if lm_head or qkv or fmt is not Format.nvfp4 or calibration is not None:
+        raise DsparkError("--lm-head, --qkv, --format and --calibration need --scope draft (--scope markov quantizes "
                           "markov_w2 to NVFP4 W4A16 only).")
     report = quantize_checkpoint(
         checkpoint, out, engine=engine.value, force=force, revision=revision, sample_rows=sample_rows, guard=guard
@@ -147,14 +152,14 @@ def _print_warnings(warnings: list[str], guard: dict | None) -> None:
         err_console.print(Text("warning: ", style="yellow") + Text(warning), highlight=False)
 
 
-def _quantize_draft(checkpoint, out, fmt, lm_head, engine, force, revision, sample_rows, calibration, guard,
+def _quantize_draft(checkpoint, out, fmt, lm_head, qkv, engine, force, revision, sample_rows, calibration, guard,
                     json_path) -> None:
     from dspark_cli.runtime.quantize.draft_scope import quantize_draft
 
     if sample_rows is not None:
         raise DsparkError("--sample-rows measures the Markov bias of --scope markov; drop it with --scope draft.")
-    report = quantize_draft(checkpoint, out, fmt=fmt.value, lm_head=lm_head, engine=engine.value, force=force,
-                            revision=revision, calibration=calibration, guard=guard)
+    report = quantize_draft(checkpoint, out, fmt=fmt.value, lm_head=lm_head, qkv=qkv, engine=engine.value,
+                            force=force, revision=revision, calibration=calibration, guard=guard)
     _print_warnings(report.warnings, report.guard)
     if json_path is not None:
         emit_json(report.to_dict(), json_path)
@@ -168,7 +173,8 @@ def _quantize_draft(checkpoint, out, fmt, lm_head, engine, force, revision, samp
                             "calibration prompts, MIXED_PRECISION"}
         rows = [
             ("format", described[report.format]),
-            ("quantized layers", f"{len(report.quantized_layers)} (lm_head {'in' if report.lm_head else 'out'})"),
+            ("quantized layers", f"{len(report.quantized_layers)} (q/k/v {'in' if report.qkv else 'out'}, lm_head "
+                                 f"{'in' if report.lm_head else 'out'})"),
             ("engine", engine.value),
             ("size", f"{format_bytes(report.bytes_before)} → {format_bytes(report.bytes_after)} "
                      f"({report.compression_ratio:.2f}x smaller)"),

@@ -7,8 +7,9 @@ formats, in the MIXED_PRECISION layout `--scope markov` already writes for marko
   `X.weight_scale` (float32 []) and `X.input_scale` (float32 [], amax of the layer's input on calibration prompts
   through the target / 448).
 
-Quantized: every layer weight of linear_modules (q/k/v/o, gate/up/down) and fc; lm_head only when asked. Never
-norms, embeddings, the Markov head or the confidence head. The shards of a fused vLLM layer (q/k/v, gate/up) are
+Quantized: o_proj, gate/up/down of every layer and fc; q/k/v and the lm_head only when asked (vLLM multiplies the
+stored q/k/v weights densely for the context K/V and builds the draft's lm_head unquantized, so it refuses both:
+validate's DSP731 / DSP732). Never norms, embeddings, the Markov head or the confidence head. The shards of a fused vLLM layer (q/k/v, gate/up) are
 quantized together so they share one scale (NVFP4's weight_scale_2, FP8's weight_scale and input_scale), as
 ModelOpt's export makes them (vLLM keeps one scale per fused layer). Every tensor is written to one
 model.safetensors, every other file copied. The folder is validated before the rename (no error may remain), then
@@ -66,8 +67,9 @@ class DraftQuantizeReport:
     source: str
     output: str
     format: str  # "nvfp4" or "fp8"
-    quantized_layers: list[str]  # vLLM prefixes, e.g. "model.layers.0.self_attn.q_proj"
+    quantized_layers: list[str]  # vLLM prefixes, e.g. "model.layers.0.mlp.gate_proj"
     lm_head: bool
+    qkv: bool
     bytes_before: int  # the quantized weights as stored in the input
     bytes_after: int  # their weight and scales
     worst_relative_frobenius_error: float
@@ -88,7 +90,7 @@ class DraftQuantizeReport:
 
 def quantize_draft(
     source: str | os.PathLike, out: str | os.PathLike, *, fmt: str = "nvfp4", lm_head: bool = False,
-    engine: str = "modelopt", force: bool = False, revision: str | None = None,
+    qkv: bool = False, engine: str = "modelopt", force: bool = False, revision: str | None = None,
     calibration: Calibration | None = None, guard: Callable[[Path, Path], dict] | None = None,
 ) -> DraftQuantizeReport:
     """Write a copy of draft `source` to `out` with its Linear layers in `fmt` (see the module docstring).
@@ -112,11 +114,12 @@ def quantize_draft(
     out = Path(out)
     _check_output_folder(ckpt, out, force)
     _refuse_quantized(ckpt)
-    groups = quantized_groups(ckpt, lm_head, fmt)
+    groups = quantized_groups(ckpt, lm_head, fmt, qkv)
     amax = _calibrate(ckpt, groups, calibration) if calibration is not None else {}
     tensors = {name: ckpt.load_tensor(name) for name in ckpt.tensors}
-    report = DraftQuantizeReport(ckpt.source, str(out), fmt, [], lm_head, 0, 0, 0.0, "",
+    report = DraftQuantizeReport(ckpt.source, str(out), fmt, [], lm_head, qkv, 0, 0, 0.0, "",
                                  calibration_prompts=len(calibration.prompts) if calibration else 0)
+    report.warnings += _engine_warnings(qkv, lm_head)
     for names in groups:
         originals = [tensors[name] for name in names]
         new_tensors = (_nvfp4_group(names, originals, engine) if fmt == "nvfp4"
@@ -139,6 +142,18 @@ def quantize_draft(
             report.guard = guard(ckpt.local_dir, folder)
     report.wall_s = time.perf_counter() - started
     return report
+
+
+def _engine_warnings(qkv: bool, lm_head: bool) -> list[str]:
+    """What the serving engines refuse in this output (validate's engine codes), one sentence each."""
+    out = []
+    if qkv:
+        out.append("q/k/v are quantized: vLLM (DSP731) and SGLang (DSP705) refuse this draft, their context K/V "
+                   "multiplying the stored weights densely; dspark's runtime and a converted llama.cpp GGUF run it.")
+    if lm_head:
+        out.append("the lm_head is quantized: vLLM refuses this draft (DSP732), its draft lm_head being "
+                   "unquantized; dspark's runtime and a converted llama.cpp GGUF run it.")
+    return out
 
 
 def _nvfp4_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: str) -> dict[str, torch.Tensor]:
@@ -193,13 +208,16 @@ def _calibrate(ckpt: Checkpoint, groups: list[tuple[str, ...]], calibration: Cal
     return {name: amax[module] for name, module in modules.items()}
 
 
-def quantized_groups(ckpt: Checkpoint, lm_head: bool, fmt: str = "nvfp4") -> list[tuple[str, ...]]:
+def quantized_groups(ckpt: Checkpoint, lm_head: bool, fmt: str = "nvfp4", qkv: bool = False
+                     ) -> list[tuple[str, ...]]:
     """On-disk weight names to quantize, grouped by the vLLM layer they fuse into (one shared scale each)."""
     config = DraftConfig.from_dict(ckpt.config)
     groups = []
     for module in linear_modules(config):
         names = tuple(name for name in module.weights if name in ckpt.tensors)
-        if not names or names[0] in NEVER_QUANTIZED or (names[0] == LM_HEAD and not lm_head):
+        if not names or names[0] in NEVER_QUANTIZED:
+            continue
+        if (names[0] == LM_HEAD and not lm_head) or (module.prefix.endswith(".qkv_proj") and not qkv):
             continue
         for name in names:
             info = ckpt.tensors[name]
