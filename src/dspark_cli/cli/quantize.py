@@ -42,11 +42,12 @@ def quantize(
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (written atomically; must not exist)."),
     engine: Engine = typer.Option(
-        Engine.modelopt, "--engine", help="modelopt: ModelOpt's NVFP4 quantizer; torch: dspark's bit-identical one."
+        Engine.modelopt, "--engine", help="modelopt: ModelOpt's quantizers; torch: dspark's bit-identical ones."
     ),
     scope: Scope = typer.Option(
         Scope.markov, "--scope",
-        help="markov: markov_w2 only (NVFP4 W4A16); draft: every decoder Linear layer and fc (see --format).",
+        help="markov: markov_w2 only (NVFP4 W4A16); draft: each layer's o_proj and MLP, and fc (see --qkv, "
+        "--lm-head, --format).",
     ),
     lm_head: bool = typer.Option(
         False, "--lm-head/--no-lm-head", help="With --scope draft: also quantize the draft's own lm_head (vLLM builds "
