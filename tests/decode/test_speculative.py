@@ -44,6 +44,13 @@ DRAFTS = {
     "layout-1+N": (SPEC.with_(block_size=9, sample_from_anchor=False), True),  # 9 query slots -> 8 drafts
     "dflash": (SPEC.with_(markov_rank=0, block_size=9, confidence=False), False),  # no Markov head, 1+N layout
     "dflash-reduced": (SPEC.with_(markov_rank=0, block_size=9, confidence=False, draft_vocab_size=128), False),
+    # windows narrower than the prompt and the block (docs/format.md §2.3): causal sliding layer 0, dense layer 1
+    "sliding": (SPEC.with_(extra_config={"layer_types": ["sliding_attention", "full_attention"],
+                                         "sliding_window": 3}), True),
+    # every layer sliding and non-causal (is_causal false), 1+N layout, no Markov head
+    "swa-dflash": (SPEC.with_(markov_rank=0, block_size=9, confidence=False,
+                              extra_config={"layer_types": ["sliding_attention"] * 2, "sliding_window": 4,
+                                            "is_causal": False}), False),
 }
 
 
@@ -142,7 +149,14 @@ def test_greedy_equals_target_with_reduced_vocab_and_fp32_drafts(target, drafts,
     assert_matches(run(target, drafts[name], block_size, strategy=strategy, draft_topk=k), reference)
 
 
-@pytest.mark.parametrize("name", ["bf16", "nvfp4", "reduced", "layout-1+N"])
+@pytest.mark.parametrize("block_size", range(1, 9))
+@pytest.mark.parametrize("name", ["sliding", "swa-dflash"])
+def test_greedy_equals_target_with_sliding_window_drafts(target, drafts, reference, block_size, name):
+    assert not drafts[name].config.layer_attention[0].dense
+    assert_matches(run(target, drafts[name], block_size), reference)
+
+
+@pytest.mark.parametrize("name", ["bf16", "nvfp4", "reduced", "layout-1+N", "sliding"])
 def test_fixture_drafts_are_accepted_often(target, drafts, name):
     """Guards the tests above: their drafts must accept tokens, or only the reject path would be checked."""
     rounds = [r for result in run(target, drafts[name], 8) for r in result.stats.rounds]

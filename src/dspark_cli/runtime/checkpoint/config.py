@@ -12,6 +12,7 @@ from typing import Any
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.runtime.checkpoint.families import FAMILIES, family_for
+from dspark_cli.runtime.checkpoint.families.qwen3 import LAYER_TYPES
 from dspark_cli.runtime.checkpoint.heads import HEAD_TYPES
 
 DFLASH_ARCHITECTURES = {"DFlashDraftModel", "Qwen3DFlashModel", "DFlashQwen3Model", "DFlash2DraftModel"}
@@ -34,6 +35,20 @@ class Resolved:
 
     value: Any
     source: str | None
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Which keys a draft layer's query block sees (docs/format.md §2.3): a query at position q sees the key at k when
+    q - k < window (None: no bound), and k <= q if causal, else k - q < window too (both sides of the window)."""
+
+    window: int | None
+    causal: bool
+
+    @property
+    def dense(self) -> bool:
+        """Every context key and every slot of the block, in both directions (DeepSpec's drafts)."""
+        return self.window is None and not self.causal
 
 
 @dataclass
@@ -81,6 +96,8 @@ class DraftConfig:
     selector_rank: int | None = None
     selector_top_k: int | None = None
     embedding_scale: float | None = None  # token embeddings times this (DFlash2's input_embedding_scale)
+    # per draft layer as vLLM builds it; None when vLLM could not (rules/ say why: DSP028, DSP035)
+    layer_attention: tuple[LayerAttention, ...] | None = None
 
     @property
     def mask_token_id(self) -> int | None:
@@ -170,6 +187,7 @@ class DraftConfig:
             vllm_config=view,
             nested_only=tuple(nested),
             family=family.name,
+            layer_attention=resolve_layer_attention(view),
         )
         for key, value in family.resolve(view).items():  # the family's own key resolution (Gemma-4 geometry)
             setattr(config, key, value)
@@ -198,6 +216,10 @@ class DraftConfig:
         if self.has_selector and self.reduced_vocab:
             raise DsparkError(f"{source}: a DFlash2 draft's selector indexes its codebooks by target ids; a reduced "
                               "draft vocabulary (draft_vocab_size) is not supported (validate: DSP065).")
+        if self.layer_attention is None:
+            raise DsparkError(f"{source}: config.json's layer_types, sliding_window or dflash_config.swa_window_size "
+                              "do not say how every draft layer attends (one full_attention / sliding_attention entry "
+                              f"per layer, a positive window for sliding layers); run `dspark validate {source}`.")
         if self.has_markov and self.markov_head_type not in HEAD_TYPES:
             raise DsparkError(f"{source}: markov_head_type {self.markov_head_type!r} is not a Markov head type "
                               f"dspark knows ({', '.join(HEAD_TYPES)}).")
@@ -214,6 +236,31 @@ def resolve_mask_token(raw: dict[str, Any]) -> Resolved:
         return Resolved(None, f"dflash_config.{MASK_TOKEN_KEYS[0]}")
     candidates = [(f"dflash_config.{MASK_TOKEN_KEYS[0]}", dflash)] + [(key, raw) for key in MASK_TOKEN_KEYS]
     return _first(*candidates)
+
+
+def resolve_layer_attention(view: dict[str, Any]) -> tuple[LayerAttention, ...] | None:
+    """Each draft layer's window and causality as vLLM resolves them (qwen3_dflash.py `_resolve_layer_attention`,
+    `_dflash_layer_causal`): sliding layers are the `sliding_attention` entries of layer_types, or every layer with
+    dflash_config.use_swa when layer_types is absent or names none; their window is dflash_config.swa_window_size
+    when that key is present, else sliding_window; a layer is causal as is_causal says, else dflash_config.causal,
+    else exactly when layer_types names it sliding_attention. None when vLLM could not build the layers: layer_types
+    not one known entry per layer, or a sliding layer without a positive integer window."""
+    layers, types = view.get("num_hidden_layers"), view.get("layer_types")
+    if _int(layers) is None or layers <= 0:
+        return None
+    if types is not None and not (isinstance(types, list) and len(types) == layers
+                                  and all(t in LAYER_TYPES for t in types)):
+        return None
+    dflash = _dict(view.get("dflash_config"))
+    named = [t == "sliding_attention" for t in types] if types is not None else [False] * layers
+    sliding = named if any(named) else [bool(dflash.get("use_swa"))] * layers
+    window = dflash.get("swa_window_size", view.get("sliding_window"))
+    if any(sliding) and not (_int(window) and window > 0):
+        return None
+    causal = view.get("is_causal")
+    causal = dflash.get("causal") if causal is None else causal
+    return tuple(LayerAttention(window if slides else None, typed if causal is None else bool(causal))
+                 for slides, typed in zip(sliding, named))
 
 
 def resolve_block_size(raw: dict[str, Any]) -> Resolved:

@@ -1,12 +1,13 @@
 """DSparkDraft: the DSpark / DFlash draft model, and DraftContext, its context K/V cache during generation.
 
 One parallel pass drafts a block: target features → `fc` + `hidden_norm` → per-layer context K/V (no
-input_layernorm), then the query block attends to all context and, non-causally, to itself through the decoder
-layers of the draft's family (runtime/model/families/: Qwen3, Gemma-4) and the final `norm`. The Markov head (its
-type from runtime/model/heads/: `markov_w1` [V, r], `markov_w2` [Vd, r], plus the gated / RNN projections) and
-the confidence head are exposed as separate pieces: the sequential stage lives in `runtime/decode/markov.py`. The
-draft knows nothing of files: loading by the DeepSpec tensor names (docs/format.md §1.2, §2) and saving are
-`runtime/model/draft_io.py`'s.
+input_layernorm), then the query block attends to the context and to itself through the decoder layers of the
+draft's family (runtime/model/families/: Qwen3, Gemma-4, DFlash2) and the final `norm`: a dense layer to all context
+and all of its block in both directions, a causal or sliding-window layer as the config says (`layer_attention`,
+docs/format.md §2.3). The Markov head (its type from runtime/model/heads/: `markov_w1` [V, r], `markov_w2` [Vd, r],
+plus the gated / RNN projections) and the confidence head are exposed as separate pieces: the sequential stage
+lives in `runtime/decode/markov.py`. The draft knows nothing of files: loading by the DeepSpec tensor names
+(docs/format.md §1.2, §2) and saving are `runtime/model/draft_io.py`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dspark_cli.runtime.checkpoint.config import DraftConfig
 from dspark_cli.runtime.checkpoint.families import FAMILIES
 from dspark_cli.runtime.model.families import BACKBONES
 from dspark_cli.runtime.model.heads import HEADS
-from dspark_cli.runtime.model.layers import rope_cos_sin
+from dspark_cli.runtime.model.layers import layer_mask, rope_cos_sin
 from dspark_cli.runtime.model.selector import CandidateSelector
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [B, kv_heads, T, head_dim]
@@ -101,14 +102,18 @@ class DSparkDraft(nn.Module):
 
     def block_hidden(self, input_ids, positions, context_kv: KVCache, attn_mask=None,
                      block_length: int | None = None) -> torch.Tensor:
-        """Query block ids [B, Q] at positions [B, Q] -> final-norm hidden [B, Q, H]. block_length: Q holds blocks
-        of this many slots one after another (training's anchors), for a family that convolves along the block
-        (DFlash2); None: Q is one block."""
+        """Query block ids [B, Q] at positions [B, Q] over the context K/V of positions 0..C-1 -> final-norm hidden
+        [B, Q, H]. attn_mask [B|1, Q, C+Q] bool (None: everything) is what every layer may see; each layer narrows it
+        by its own rule (layer_mask). block_length: Q holds blocks of this many slots one after another (training's
+        anchors), for a family that convolves along the block (DFlash2); None: Q is one block."""
         x = self.embed(input_ids)
         cos, sin = self.rope(positions, x.dtype)
         blocks = {"block_length": block_length} if getattr(self.family, "BLOCK_CONVOLUTION", False) else {}
-        for layer, context in zip(self.layers, context_kv):
-            x = layer(x, cos, sin, context, attn_mask, **blocks)
+        rules = self.config.layer_attention
+        context_length = context_kv[0][0].shape[2]
+        masks = {rule: layer_mask(rule, positions, context_length, attn_mask) for rule in set(rules)}
+        for layer, context, rule in zip(self.layers, context_kv, rules):
+            x = layer(x, cos, sin, context, masks[rule], **blocks)
         return self.norm(x)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Pieces every draft family's decoder layer uses: RMSNorm, rotary embeddings, non-causal block attention, the
-attention module and the gated MLP (each family configures the last two: docs/format.md §2, §6)."""
+"""Pieces every draft family's decoder layer uses: RMSNorm, rotary embeddings, block attention and each layer's mask
+(dense, causal or sliding-window: docs/format.md §2.3), the attention module and the gated MLP (each family
+configures the last two: docs/format.md §2, §6)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_cli.runtime.checkpoint.config import DraftConfig
+from dspark_cli.runtime.checkpoint.config import DraftConfig, LayerAttention
 
 
 class RMSNorm(nn.Module):
@@ -49,6 +50,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """[B, T, heads*D] -> [B, heads, T, D]"""
     return x.view(*x.shape[:2], heads, head_dim).transpose(1, 2)
+
+
+def layer_mask(rule: LayerAttention, positions: torch.Tensor, context_length: int, attn_mask):
+    """The keys a layer's queries see. Queries at positions [B, Q] attend to [context ; block]: the context's keys at
+    positions 0..C-1, the block's at the queries' own positions. attn_mask [B|1, Q, C+Q] bool or None (everything) is
+    what every layer sees (training's blocks); a dense layer gets it as it is, any other it AND the rule: the key at k
+    is visible to the query at q when q - k < window and k <= q (causal) or k - q < window (not causal)."""
+    if rule.dense:
+        return attn_mask
+    B = positions.shape[0]
+    context = torch.arange(context_length, device=positions.device).expand(B, -1)  # [B, C]
+    distance = positions[:, :, None] - torch.cat([context, positions], dim=1)[:, None, :]  # q - k [B, Q, C+Q]
+    bound = float("inf") if rule.window is None else rule.window
+    visible = (distance < bound) & ((distance >= 0) if rule.causal else (-distance < bound))  # [B, Q, C+Q]
+    return visible if attn_mask is None else visible & attn_mask
 
 
 def block_attention(q, k, v, context: tuple[torch.Tensor, torch.Tensor], attn_mask, scale: float | None = None):
