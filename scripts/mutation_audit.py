@@ -10,7 +10,7 @@ heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
 model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk, training, settings and reports (F1-F12), quantized GGUFs with the acceptance guard and quantize's FP8, runtime guard and default layers (Q1-Q21), and validate on
-GGUF files, the silent-degradation rules and the probe (R1-R7), and bench audit's check of a live engine (X1-X5).
+GGUF files, the silent-degradation rules and the probe (R1-R7), bench audit's check of a live engine (X1-X5), and sliding-window draft layers (Z1-Z9).
 """
 
 from __future__ import annotations
@@ -528,6 +528,30 @@ MUTATIONS = [
     m("F12", "a DFlash2 draft's per-round stage time labelled the Markov stage", "../cli/render.py",
       [('return "selector stage" if markov == SELECTOR else "Markov stage"', 'return "Markov stage"')],
       "test_generate_cli.py::test_a_dflash2_report_names_its_path_selector_not_a_markov_stage"),
+    # sliding-window and causal draft layers in dspark's runtime (Z1-Z9), vLLM's rule (docs/format.md §2.3)
+    m("Z1", "the window one key wider (q - k <= W visible)", "model/layers.py",
+      [("visible = (distance < bound) &", "visible = (distance <= bound) &")], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
+    m("Z2", "a non-causal window one-sided (llama.cpp's rule, not vLLM's)", "model/layers.py",
+      [("else (-distance < bound))", 'else (-distance < float("inf")))')], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
+    m("Z3", "a causal layer misses its own slot", "model/layers.py",
+      [("((distance >= 0) if rule.causal", "((distance > 0) if rule.causal")], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
+    m("Z4", "context keys one position late in the mask", "model/layers.py",
+      [("torch.arange(context_length, device=positions.device)",
+        "torch.arange(1, context_length + 1, device=positions.device)")], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
+    m("Z5", "every layer takes the first layer's attention rule", "model/draft.py",
+      [("x = layer(x, cos, sin, context, masks[rule], **blocks)",
+        "x = layer(x, cos, sin, context, masks[rules[0]], **blocks)")], "test_layer_attention.py::test_a_draft_of_mixed_layers_equals_the_formulas_forward"),
+    m("Z6", "sliding layers non-causal by default", "checkpoint/config.py",
+      [("LayerAttention(window if slides else None, typed if causal is None",
+        "LayerAttention(window if slides else None, False if causal is None")], "test_layer_attention.py::test_a_draft_of_mixed_layers_equals_the_formulas_forward"),
+    m("Z7", "dflash_config.swa_window_size ignored", "checkpoint/config.py",
+      [('window = dflash.get("swa_window_size", view.get("sliding_window"))', 'window = view.get("sliding_window")')],
+      "test_layer_attention.py::test_training_sees_what_inference_sees"),
+    m("Z8", "dflash_config.use_swa ignored", "checkpoint/config.py",
+      [('sliding = named if any(named) else [bool(dflash.get("use_swa"))] * layers', "sliding = named")],
+      "test_layer_attention.py::test_a_window_wider_than_the_block_reaches_gives_the_unwindowed_result"),
+    m("Z9", "the window ignored in the mask", "model/layers.py",
+      [('bound = float("inf") if rule.window is None else rule.window', 'bound = float("inf")')], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
     # quantize --format fp8 and the runtime acceptance guard (Q15-Q20)
     m("Q15", "FP8 scales amax / 240 (E4M3FNUZ's range) instead of amax / 448", "../kernels/fp8.py",
       [("return float(torch.tensor(amax, dtype=torch.float32) / FP8_MAX)",
