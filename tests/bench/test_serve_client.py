@@ -52,9 +52,10 @@ def test_ttft_itl_and_concurrency():
     with FakeEngine(flavour="openai", tokens=4, first_delay=0.3, gap=0.1) as engine:
         report = bench(engine.url, concurrencies=(2,))
         assert engine.max_in_flight == 2
-    for request in report.levels[0].requests:
-        assert 0.3 <= request.ttft_s < 1.3
-        assert 0.1 <= request.itl_s < 0.6  # (last - first) / (tokens - 1) = three gaps of 0.1 s
+    for request in report.levels[0].requests:  # lower bounds from the engine's delays; no upper bound (load)
+        assert request.ttft_s >= 0.3
+        assert request.itl_s >= 0.1
+        assert request.itl_s == pytest.approx((request.last_token_s - request.ttft_s) / 3)  # three gaps
         assert request.latency_s >= request.last_token_s >= request.ttft_s
     level = report.levels[0]
     assert level.summary()["per_request_tokens_per_s"] == pytest.approx(
