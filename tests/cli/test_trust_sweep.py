@@ -542,6 +542,104 @@ def test_python_api_words_a_broken_target_in_one_sentence(workspace, name, chang
         checked.load(progress=False)
 
 
+# --- every --json report is exclusive: an existing file refused before any work unless --force -----------------------
+
+
+def fresh(ws: Workspace, name: str) -> str:
+    """A path of the workspace that does not exist (an output folder or file a run may create)."""
+    path = ws.path(name)
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return str(path)
+
+
+def bench_server(ws: Workspace) -> str:
+    return ws.server("stream").url
+
+
+def run_of_three(ws: Workspace) -> Path:
+    """A run file of three prompts of the demo pair (calibrate holds some out)."""
+    path = ws.path("run-three.json")
+    if not path.exists():
+        done = runner.invoke(app, ["eval", "--data", str(DEMO_DIR / "eval_code.jsonl"), "--limit", "3",
+                                   "--max-new-tokens", "8", "--json", str(path)])
+        assert done.exit_code == 0, done.output
+    return path
+
+
+# (command, argv given the --json path, exit code with --force; None: the run needs servers this sweep does not
+# start, so only the refusal is checked and, with --force, that the refusal is gone)
+JSON_COMMANDS = [
+    ("validate", lambda ws, p: ["validate", str(ws.draft), "--json", p], 0),
+    ("generate", lambda ws, p: generate(ws.target, ws, "--json", p), 0),
+    ("eval", lambda ws, p: ["eval", "--limit", "1", "--max-new-tokens", "4", "--json", p], 0),
+    ("quantize", lambda ws, p: ["quantize", str(ws.draft), "-o", fresh(ws, "xq"), "--json", p], 0),
+    ("convert", lambda ws, p: ["convert", str(ws.draft), "--to", "gguf", "--target", str(ws.target), "-o",
+                               fresh(ws, "x.gguf"), "--json", p], 0),
+    ("plan", lambda ws, p: ["plan", str(ws.run_file()), "--json", p], 0),
+    ("calibrate", lambda ws, p: ["calibrate", str(run_of_three(ws)), "-o", fresh(ws, "x.sts.json"), "--json", p],
+     0),
+    ("serve", lambda ws, p: ["serve", "--target", str(ws.target), "--draft", str(ws.draft), "--json", p], 0),
+    ("bench markov", lambda ws, p: ["bench", "markov", "--vocab", "64", "--rank", "4", "--batch", "1", "--topk", "8",
+                                    "--format", "bf16", "--temperature", "0", "--device", "cpu", "--reps", "1",
+                                    "--warmup", "0", "--json", p], 0),
+    ("bench verify", lambda ws, p: ["bench", "verify", "--tokens", "2", "--context", "4", "--device", "cpu",
+                                    "--reps", "1", "--warmup", "0", "--json", p], 0),
+    ("bench serve", lambda ws, p: ["bench", "serve", bench_server(ws), "--concurrency", "1", "--requests", "1",
+                                   "--no-warmup", "--json", p], 0),
+    ("bench audit", lambda ws, p: ["bench", "audit", "http://127.0.0.1:9", "--plain", "http://127.0.0.1:9",
+                                   "--requests", "1", "--samples", "0", "--json", p], None),
+    ("bench engine", lambda ws, p: ["bench", "engine", "http://127.0.0.1:9", "--spec", "2=http://127.0.0.1:9",
+                                    "--draft-file", str(ws.data), "--json", p], None),
+]
+
+
+def test_json_commands_cover_every_json_option():
+    """Every command with --json is in JSON_COMMANDS (a new one must be added there)."""
+    from typer.main import get_command
+
+    def walk(command, prefix=()):
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, (*prefix, name))
+        if any("--json" in getattr(param, "opts", ()) for param in getattr(command, "params", ())):
+            yield " ".join(prefix)
+
+    assert sorted(walk(get_command(app))) == sorted(name for name, _, _ in JSON_COMMANDS)
+
+
+@pytest.mark.parametrize("name, argv, forced", JSON_COMMANDS, ids=[name for name, _, _ in JSON_COMMANDS])
+def test_an_existing_json_file_is_refused_unless_force(name, argv, forced, workspace):
+    """An existing --json file: exit 2 before any work, one sentence naming it and --force, its bytes unchanged
+    and nothing else written; with --force the run replaces it with the report."""
+    path = workspace.path(f"mine-{name.replace(' ', '-')}.json")
+    mine = b"my notes, not a report\n"
+    path.write_bytes(mine)
+    args = argv(workspace, str(path))  # first: the inputs it makes (a run file) are not the run's outputs
+    before = sorted(p.name for p in workspace.root.iterdir())
+    refused = runner.invoke(app, args)
+    message = " ".join((refused.output + " " + (refused.stderr if refused.stderr_bytes is not None else "")).split())
+    assert refused.exit_code == 2, f"exit {refused.exit_code}: {message[-600:]}"
+    assert f"--json file {path} already exists; choose another file or pass --force to replace it." in message, \
+        message[-600:]
+    assert "Traceback" not in message
+    assert path.read_bytes() == mine
+    assert sorted(p.name for p in workspace.root.iterdir()) == before, "a refused run wrote something"
+    done = runner.invoke(app, [*argv(workspace, str(path)), "--force"])
+    message = " ".join((done.output + " " + (done.stderr if done.stderr_bytes is not None else "")).split())
+    assert "already exists" not in message, message[-600:]
+    if forced is None:
+        assert path.read_bytes() == mine  # the servers were not there: refused later, the file untouched
+        return
+    assert done.exit_code == forced, f"exit {done.exit_code}: {message[-600:]}"
+    assert isinstance(json.loads(path.read_text()), dict)
+    assert not [p.name for p in workspace.root.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_json_to_stdout_needs_no_force(workspace):
+    """`--json -` writes stdout: nothing on disk to refuse."""
+    done = runner.invoke(app, ["validate", str(workspace.draft), "--json", "-"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["exit_code"] == 0
+
+
 def test_sweep_covers_every_class():
     assert {c.klass for c in CASES} == {"writes", "target", "disk", "bounds", "serve", "vllm", "network", "words"}
 

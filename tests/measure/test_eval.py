@@ -324,9 +324,9 @@ def test_run_file_is_saved_after_each_prompt(tmp_path, monkeypatch):
     calls = []
     original = ev.EvalRun.save
 
-    def save(self, path, statistics=None):
+    def save(self, path, statistics=None, replace=True):
         calls.append(len(self.results))
-        original(self, path, statistics)
+        original(self, path, statistics, replace)
         if calls == [1, 2]:
             raise KeyboardInterrupt  # Ctrl-C during the second prompt's save
 
@@ -360,7 +360,7 @@ def test_the_saver_keeps_saving_under_a_twentieth_of_the_time(tmp_path, monkeypa
     written = []
     run = ev.EvalRun({"block_size": 4}, [])
 
-    def save(path):
+    def save(path, replace=True):
         written.append(len(run.results))
         clock[0] += 2.0  # a save takes 2 s
 

@@ -64,6 +64,7 @@ def markov(
     seed: options.seed("Seed of the random weights and inputs") = 0,
     json_out: options.json_path("the results (the tables then go to stderr)") = None,
     plot: Path = typer.Option(None, "--plot", help="Write a PNG of latency against batch size to FILE."),
+    force: options.force("Replace existing --json / --plot files.") = False,
 ) -> None:
     """Time the sequential Markov stage: dense, top-k bf16, top-k NVFP4 and the fused walk (vanilla heads; gated
     and RNN heads run the first three).
@@ -75,7 +76,9 @@ def markov(
         raise DsparkError(f"--peak-gbps must be a finite number of GB/s, got {peak_gbps}.")
     from dspark_cli.runtime.bench.run import BenchConfig, checkpoint_heads, random_heads, run_bench, write_latency_chart
 
-    _check_outputs(json_out, plot, draft)
+    if plot is not None and options.to_stdout(plot):
+        raise DsparkError("--plot writes a PNG file; give a file name, not -.")
+    _check_outputs(json_out, plot, draft, force)
     device_name = _bench_device(device)
     cuda = device_name == "cuda"
     config = BenchConfig(
@@ -113,9 +116,9 @@ def markov(
     for note in report.notes:
         out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
     if json_out is not None:
-        emit_json(report.to_dict(), json_out)
+        emit_json(report.to_dict(), json_out, force)
     if plot is not None:
-        write_latency_chart(report, plot)
+        _write_exclusive(plot, force, lambda path: write_latency_chart(report, path))
         out.print(Text(f"plot written to {plot}"), highlight=False)
     if not report.ok:
         raise DsparkError("a method emitted tokens that differ from the reference walk (rows marked MISMATCH); "
@@ -131,12 +134,13 @@ def _bench_device(name: str) -> str:
     return device.type
 
 
-def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None) -> None:
-    """Refuse, before the run, --json / --plot paths that would overwrite an input or cannot be written."""
-    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
+def _check_outputs(json_out: Path | None, plot: Path | None, draft: str | None, force: bool) -> None:
+    """Refuse, before the run, --json / --plot paths that would overwrite an input, cannot be written or exist
+    (unless --force)."""
+    from dspark_cli.runtime.io.outputs import local_inputs
 
-    inputs = local_inputs("draft checkpoint", [draft])
-    check_output_files([("--json file", json_out), ("--plot file", plot)], inputs)
+    _check_exclusive([("--json file", json_out), ("--plot file", plot)], local_inputs("draft checkpoint", [draft]),
+                     force)
 
 
 def _table(report, fmt: str, temperature: float) -> Table:
@@ -274,20 +278,22 @@ def verify(
                              "CPU)."),
     warmup: int = typer.Option(None, "--warmup", min=0, help="Untimed rounds first (default 5 on CUDA, 2 on CPU)."),
     json_out: options.json_path("the cost table (`dspark plan --costs`; the table then goes to stderr)") = None,
+    force: options.force("Replace an existing --json file.") = False,
 ) -> None:
     """Time the target's verify pass over t tokens (and B requests) on this device: the cost table `dspark plan
     --costs` reads."""
     from dspark_cli.runtime.bench.verify import batch_verify_costs, verify_costs
     from dspark_cli.runtime.demo import demo_pair
     from dspark_cli.runtime.devices import resolve_dtype
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import local_inputs
 
     batches = tuple(sorted(set(_ints(batch, "--batch"))))
     if target is None:
         if draft is not None:
             raise DsparkError("--draft needs its --target; give both, or neither for the demo pair.")
         target, draft = map(str, demo_pair())
-    check_output_file(json_out, local_inputs("target", [target]) + local_inputs("draft", [draft]), "--json file")
+    _check_exclusive([("--json file", json_out)], local_inputs("target", [target]) + local_inputs("draft", [draft]),
+                     force)
     torch_device = options.torch_device(device)
     try:
         torch_dtype = resolve_dtype(dtype, torch_device)
@@ -320,7 +326,7 @@ def verify(
                       f"{timing.median_us / 1000 / (b * t):.3f}")
     out.print(table)
     if json_out is not None:
-        emit_json(costs.to_dict(), json_out)
+        emit_json(costs.to_dict(), json_out, force)
 
 
 @bench_app.command("serve")
@@ -381,7 +387,8 @@ def serve(
     out.print(render.fitted(out, lambda padding: _serve_table(report, padding)))
     for note in _serve_notes(report):
         out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
-    _write_exclusive(json_out, force, lambda path: emit_json(report.to_dict(), path))
+    if json_out is not None:
+        emit_json(report.to_dict(), json_out, force)
     if plot is not None and not has_chart(report):
         out.print(Text(f"• no plot written to {plot}: no level finished a request.", style="dim"), highlight=False)
     elif plot is not None:
@@ -451,7 +458,8 @@ def engine(
     out.print(render.fitted(out, lambda padding: _engine_table(profile, padding)))
     for note in _engine_notes(profile):
         out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
-    _write_exclusive(json_out, force, lambda path: emit_json(document, path))
+    if json_out is not None:
+        emit_json(document, json_out, force)
 
 
 def _spec_server(text: str) -> tuple[int, str]:

@@ -58,7 +58,7 @@ def audit(
     3 when inconclusive (no difference, but the engine drafted or accepted nothing for a prompt), 2 on bad
     input or an unreachable server.
     """
-    from dspark_cli.cli.bench import _check_exclusive, _write_exclusive
+    from dspark_cli.cli.bench import _check_exclusive
     from dspark_cli.runtime.bench.audit import AuditConfig, read_audit_prompts, run_audit, shipped_prompts
 
     if (target is None) != (draft is None):
@@ -82,7 +82,8 @@ def audit(
         out.print(render.fitted(out, lambda padding: _check_table(report, padding)))
     for note in _notes(report):
         out.print(Text(f"• {name_flags(note)}", style="dim"), highlight=False)
-    _write_exclusive(json_out, force, lambda path: emit_json(report.to_dict(), path))
+    if json_out is not None:
+        emit_json(report.to_dict(), json_out, force)
     if report.verdict != "identical":
         raise DsparkError(_verdict_sentence(report), report.exit_code)
     out.print(Text(_verdict_sentence(report), style="bold green"), highlight=False)

@@ -29,26 +29,23 @@ def calibrate(
     holdout: float = typer.Option(0.3, "--holdout", min=0.01, max=0.99, help="Fraction of each prompt set's "
                                   "prompts held out to score the fit (split by prompt, seeded)."),
     seed: options.seed("Seed of the held-out split") = 0,
-    force: options.force("Replace FILE if it exists.") = False,
+    force: options.force("Replace FILE and the --json file if they exist.") = False,
     json_path: options.json_path("the fit and its held-out scores") = None,
 ) -> None:
     import json
 
-    from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.io.outputs import atomic_write_text, check_output_files, local_inputs
     from dspark_cli.runtime.measure.calibration import fit_runs
     from dspark_cli.runtime.measure.evaluation import EvalRun
 
     inputs = local_inputs("run file", runs)
-    check_output_files([("--output file", out), ("--json file", json_path)], inputs)
-    if out.exists() and not force:
-        raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
+    check_output_files([("--output file", out), ("--json file", json_path)], inputs, force)
     loaded = [EvalRun.load(path) for path in runs]
     result = fit_runs(loaded, [str(path) for path in runs], fraction=holdout, seed=seed)
     document = result.to_json()
-    atomic_write_text(out, json.dumps(document, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(document, indent=2) + "\n", replace=force)
     if json_path is not None:
-        render.emit_json(document, json_path)
+        render.emit_json(document, json_path, force)
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(calibrate_report.table(result))
     for note in result.notes:

@@ -36,7 +36,7 @@ def convert(
     ),
     target: str = typer.Option(None, "--target", help="The target: its folder for gguf (the GGUF takes its "
                                "tokenizer); its name or path for speculators (the verifier); unused for deepspec."),
-    force: options.force("Replace OUT if it exists.") = False,
+    force: options.force("Replace OUT and the --json file if they exist.") = False,
     json_path: options.json_path("the summary") = None,
     outtype: str = typer.Option(None, "--outtype", metavar="TYPE", help="gguf: q8_0, q4_0 or q4_k (dspark's "
                                 "quantizer, every eligible matrix in the type) or q4_k_m (llama.cpp's llama-quantize); "
@@ -57,13 +57,13 @@ def convert(
     guard_tokens: int = typer.Option(64, "--guard-tokens", min=1, help="Tokens generated per guard prompt."),
 ) -> None:
     """Write the draft in another engine's format; refused, in one sentence, when it cannot be faithful."""
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
 
     inputs = (local_inputs("draft", [draft]) + local_inputs("target", [target])
               + local_inputs("--guard-prompts file", [guard_prompts]) + local_inputs("--guard-target file",
                                                                                      [guard_target])
               + local_inputs("--guard-draft folder", [guard_draft]))
-    check_output_file(json_path, inputs + [("output", out)], "--json file")
+    check_output_files([("--json file", json_path)], inputs + [("output", out)], force)
     quant = Quantization(outtype, leave_output, guard_prompts, guard_target, guard_draft, max_tau_drop, guard_warn,
                          guard_tokens)
     if to == Format.gguf:
@@ -74,7 +74,7 @@ def convert(
         summary = _to_layout(draft, out, to, target, force)
     line = summary.pop("line")
     if json_path is not None:
-        emit_json(summary, json_path)
+        emit_json(summary, json_path, force)
     if not options.to_stdout(json_path):
         console.print(line)
 

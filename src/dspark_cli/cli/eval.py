@@ -60,6 +60,8 @@ def eval_command(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Run file: every number and every round, saved "
                                              "atomically as prompts finish (and on Ctrl-C)."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as Markdown."),
+    force: options.force("Replace existing --json / --markdown files (the --resume file is always updated).")
+    = False,
     compare: Optional[Path] = typer.Option(None, "--compare", help="An earlier run file: print the τ difference "
                                            "with its 95% interval, and whether it is significant."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run file: finished prompts are "
@@ -86,9 +88,10 @@ def _evaluate(ctx, dist) -> None:
              if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
     run, sets, settings, session, json_path, old = dist.together(lambda: _prepare(given, o, out, dist),
                                                                  "reading the inputs and loading the pair")
-    _run_everywhere(dist, run, sets, settings, session, json_path, out)
+    replace = _run_everywhere(dist, run, sets, settings, session, json_path, out,
+                              o.force or _in_place(json_path, o.resume))
     if dist.is_main:
-        _report(run, sets, settings, old, o.compare, json_path, o.markdown_path, out)
+        _report(run, sets, settings, old, o.compare, json_path, o.markdown_path, out, replace, o.force)
 
 
 def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
@@ -134,21 +137,22 @@ def _prepare(given: dict, o: SimpleNamespace, out: Console, dist):
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise DsparkError(f"two prompt sets share the name {_duplicate(names)!r} (the file name); rename one.")
-    _check_outputs(settings, sets, o.compare, json_path, o.markdown_path)
+    _check_outputs(settings, sets, o.compare, json_path, o.markdown_path, o.force, o.resume)
     session = open_session(settings, sets, dist, warn=lambda warnings: _warn(out, warnings), loading=out.status,
                            resumed=o.resume is not None)
     run.settings = settings
     return run, sets, settings, session, json_path, old
 
 
-def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console) -> None:
-    """Run the missing prompts (one process, or this rank's share), rank 0 saving as they finish; Ctrl-C keeps what
-    finished and says how to resume."""
+def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console, replace: bool) -> bool:
+    """Run the missing prompts (one process, or this rank's share), rank 0 saving as they finish (the first save
+    exclusive unless `replace`); Ctrl-C keeps what finished and says how to resume. -> whether the run file may be
+    replaced now (it has been saved, or `replace`)."""
     from dspark_cli.errors import Terminated
     from dspark_cli.runtime.measure import evaluation as ev
 
     path = json_path if dist.is_main else None
-    save = ev.RunSaver(run, path)
+    save = ev.RunSaver(run, path, replace)
     try:
         if dist.enabled:
             pending = ev.pending_prompts(run, sets)
@@ -163,6 +167,7 @@ def _run_everywhere(dist, run, sets, settings, session, json_path, out: Console)
             stop.kept = (f"the {len(run.results)} finished prompts are saved in {path}; continue with `dspark eval "
                          f"--resume {path}` (with any number of processes)")
         raise
+    return save.replace
 
 
 def _crc(items: list) -> int:
@@ -195,7 +200,8 @@ def _run_shared(dist, run, sets, pending, session, save, out: Console) -> None:
                     progress.advance(tasks[result["set_name"]])
 
 
-def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Console) -> None:
+def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Console, replace: bool,
+            force: bool) -> None:
     from dspark_cli.runtime.measure import evaluation as ev
 
     block = settings["block_size"]
@@ -211,11 +217,11 @@ def _report(run, sets, settings, old, compare, json_path, markdown_path, out: Co
                      if k not in ("baseline", "limit", "device") and settings.get(k) != old.settings.get(k)]
         eval_report.print_compare(out, statistics["compare"], compare, differing)
     if json_path is not None:
-        run.save(json_path, statistics)
+        run.save(json_path, statistics, replace)
     if markdown_path is not None:
         from dspark_cli.runtime.io.outputs import atomic_write_text
 
-        atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings))
+        atomic_write_text(markdown_path, ev.markdown_table(rows, block, settings), replace=force)
 
 
 def _run_sets(run, sets, session, save, out: Console) -> None:
@@ -235,15 +241,26 @@ def _run_sets(run, sets, session, save, out: Console) -> None:
             ev.run_set(run, prompt_set, lambda i, text, name=prompt_set.name: session(name, i, text), done)
 
 
-def _check_outputs(settings: dict, sets, compare, json_path, markdown_path) -> None:
+def _check_outputs(settings: dict, sets, compare, json_path, markdown_path, force: bool, resume) -> None:
     """Refuse, before any work, a --json or --markdown path that would overwrite an input (a prompt set, the
-    pair, the --compare run) or cannot be written. The --resume file is meant to be updated."""
+    pair, the --compare run), cannot be written, or exists (unless --force). The --resume file is meant to be
+    updated."""
     from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
 
     inputs = (local_inputs("prompt set", [s.path for s in sets]) + local_inputs("target", [settings["target"]])
               + local_inputs("draft", [settings["draft"]]) + local_inputs("--compare run", [compare])
               + local_inputs("--calibration file", [(settings["calibration"] or {}).get("path")]))
-    check_output_files([("--json file", json_path), ("--markdown file", markdown_path)], inputs)
+    outputs = [("--json file", json_path), ("--markdown file", markdown_path)]
+    check_output_files(outputs, inputs)
+    check_output_files([(what, path) for what, path in outputs if not (path == json_path and _in_place(path, resume))],
+                       [], force)
+
+
+def _in_place(json_path, resume) -> bool:
+    """The run file is the --resume file itself: updated in place, not a new output."""
+    from dspark_cli.runtime.io.outputs import real_path
+
+    return resume is not None and json_path is not None and real_path(json_path) == real_path(resume)
 
 
 def _duplicate(names: list[str]) -> str:

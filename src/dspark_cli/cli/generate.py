@@ -52,12 +52,13 @@ def generate(
                                           "models under 100 M parameters, whose small matmuls do not scale; else "
                                           "the cores the load average shows idle)."),
     json_path: options.json_path("every number (with '-', the streamed text goes to stderr)") = None,
+    force: options.force("Replace an existing --json file.") = False,
     calibration: options.calibration() = None,
 ) -> None:
     from dspark_cli.cli.generate_report import json_document, print_report, settings_document
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.demo import DEMO_PROMPTS
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
     from dspark_cli.runtime.measure.metrics import summarize
     from dspark_cli.runtime.pair import Pair
     from dspark_cli.runtime.threads import check_threads, set_threads
@@ -80,7 +81,8 @@ def generate(
                          confidence_rule=confidence_rule)
     inputs = (local_inputs("prompts file", [prompts]) + local_inputs("target", [checked.target_source])
               + local_inputs("--calibration file", [calibration]))
-    check_output_file(json_path, inputs + [("draft checkpoint", checked.checkpoint.local_dir)], "--json file")
+    check_output_files([("--json file", json_path)], inputs + [("draft checkpoint", checked.checkpoint.local_dir)],
+                       force)
     _warn(out, checked.warnings)
     use_chat = checked.chat(chat)
     prompt_ids = [checked.encode(text, use_chat) for text in texts]
@@ -98,7 +100,7 @@ def generate(
     summary = summarize(stats, baseline_stats if baseline else None, pair.block_size)
     print_report(out, settings, summary, runs, baseline, pair.settings.sampling.greedy)
     if json_path is not None:
-        render.emit_json(json_document(settings, summary, runs, stats), json_path)
+        render.emit_json(json_document(settings, summary, runs, stats), json_path, force)
 
 
 def _warn(out, warnings: list[str]) -> None:

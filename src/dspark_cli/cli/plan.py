@@ -52,7 +52,7 @@ def plan(
                                      "calibrate`).") = None,
     out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the plan (for `dspark "
                                        "serve --from-plan`)."),
-    force: options.force("Replace FILE if it exists.") = False,
+    force: options.force("Replace FILE and the --json file if they exist.") = False,
     json_path: options.json_path("the plan") = None,
     concurrency: Optional[str] = typer.Option(None, "--concurrency", metavar="C,C...", help="Replay at these "
                                               "numbers of concurrent requests through the engines' schedulers."),
@@ -75,9 +75,7 @@ def plan(
 
     inputs = (local_inputs("run file", runs) + local_inputs("--costs table", [costs])
               + local_inputs("--calibration file", [calibration]))
-    check_output_files([("--output file", out), ("--json file", json_path)], inputs)
-    if out is not None and out.exists() and not force:
-        raise DsparkError(f"--output file {out} exists; pass --force to replace it.")
+    check_output_files([("--output file", out), ("--json file", json_path)], inputs, force)
     loaded = [EvalRun.load(path) for path in runs]
     profile_doc = read_profile_doc(costs)
     if profile_doc is not None:
@@ -87,7 +85,7 @@ def plan(
             raise DsparkError(f"{costs} is an engine profile, judged for the engine it measured: the calibration "
                               "and scheduler options do not apply; leave them out.")
         plan_verdict.run(loaded, runs, profile_doc, costs, concurrency, context, other_pair, thresholds, out,
-                         json_path)
+                         json_path, force)
         return
     if context is not None or other_pair or thresholds:
         raise DsparkError("the context, other-pair and thresholds options judge an engine profile of `dspark bench "
@@ -95,7 +93,7 @@ def plan(
     if concurrency is not None:
         from dspark_cli.cli import plan_load
 
-        plan_load.run(loaded, runs, concurrency, scheduler, costs, calibration, out, json_path)
+        plan_load.run(loaded, runs, concurrency, scheduler, costs, calibration, out, json_path, force)
         return
     table = replay.read_costs(costs) if costs is not None else None
     temperatures = load_temperatures(calibration) if calibration is not None else None
@@ -110,9 +108,9 @@ def plan(
                          notes)
     document = result.to_dict()
     if out is not None:
-        atomic_write_text(out, json.dumps(document, indent=2) + "\n")
+        atomic_write_text(out, json.dumps(document, indent=2) + "\n", replace=force)
     if json_path is not None:
-        render.emit_json(document, json_path)
+        render.emit_json(document, json_path, force)
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(plan_report.table(result))
     for note in notes:

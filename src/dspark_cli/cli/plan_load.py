@@ -15,7 +15,7 @@ MAX_CONCURRENCY = 4096
 
 
 def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs: Optional[Path],
-        calibration: Optional[Path], out: Optional[Path], json_path: Optional[Path]) -> None:
+        calibration: Optional[Path], out: Optional[Path], json_path: Optional[Path], force: bool) -> None:
     from dspark_cli.runtime.measure import schedule
     from dspark_cli.runtime.measure.calibration import load_temperatures
     from dspark_cli.runtime.measure.costs import read_cost_table
@@ -38,7 +38,7 @@ def run(loaded: list, runs: list[Path], concurrency: str, scheduler: str, costs:
     plan = schedule.LoadPlan([str(p) for p in runs], block, str(costs), cost.kind,
                              None if calibration is None else str(calibration), rows, notes)
     if json_path is not None:
-        render.emit_json(plan.to_dict(), json_path)
+        render.emit_json(plan.to_dict(), json_path, force)
     console = render.err_console if options.to_stdout(json_path) else render.console
     for c, load in rows.items():
         console.print(render.fitted(console, lambda padding: load_table(c, load, block, cost.kind, padding)))

@@ -16,7 +16,7 @@ from dspark_cli.errors import DsparkError
 
 
 def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Optional[str], context: Optional[str],
-        other_pair: bool, thresholds: bool, out: Optional[Path], json_path: Optional[Path]) -> None:
+        other_pair: bool, thresholds: bool, out: Optional[Path], json_path: Optional[Path], force: bool) -> None:
     from dspark_cli.runtime.io.outputs import atomic_write_text
     from dspark_cli.runtime.measure.engine_profile import read_engine_profile
     from dspark_cli.runtime.engines import ENGINES
@@ -39,9 +39,9 @@ def run(loaded: list, runs: list[Path], doc: dict, costs: Path, concurrency: Opt
     plan.notes[:0] = notes
     document = {**plan.to_dict(), "draft_length_setting": length_flag, "threshold_setting": threshold_flag}
     if out is not None:
-        atomic_write_text(out, json.dumps(document, indent=2) + "\n")
+        atomic_write_text(out, json.dumps(document, indent=2) + "\n", replace=force)
     if json_path is not None:
-        render.emit_json(document, json_path)
+        render.emit_json(document, json_path, force)
     console = render.err_console if options.to_stdout(json_path) else render.console
     console.print(render.fitted(console, lambda padding: verdict_table(plan, padding)))
     for v in plan.verdicts:

@@ -79,7 +79,7 @@ def quantize(
                                        "than this (paired over prompts)."),
     guard_warn: bool = typer.Option(False, "--guard-warn", help="Write OUT anyway and warn when τ falls too far."),
     guard_tokens: int = typer.Option(64, "--guard-tokens", min=1, help="New tokens per guard prompt."),
-    force: options.force("Replace OUT if it exists.") = False,
+    force: options.force("Replace OUT and the --json file if they exist.") = False,
     revision: options.Revision = None,
     sample_rows: int = typer.Option(
         None, "--sample-rows", min=0, show_default=False,
@@ -89,13 +89,13 @@ def quantize(
 ) -> None:
     """Quantize markov_head.markov_w2 to NVFP4 W4A16 (or, with --scope draft, the draft's Linear layers to NVFP4 or
     FP8); everything else is linked or copied unchanged."""
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
     from dspark_cli.runtime.quantize.write import quantize_checkpoint
 
     inputs = (local_inputs("checkpoint", [checkpoint]) + local_inputs("--target folder", [target])
               + local_inputs("--calibration file", [calibration]) + local_inputs("--guard-prompts file",
                                                                                   [guard_prompts]))
-    check_output_file(json_path, inputs + [("output folder", out)], "--json file")
+    check_output_files([("--json file", json_path)], inputs + [("output folder", out)], force)
     guard = _guard(target, guard_prompts, max_tau_drop, guard_warn, guard_tokens)
     if scope is Scope.draft:
         calibrated = _calibration(fmt, target, calibration, calibration_tokens)
@@ -110,7 +110,7 @@ def quantize(
     )
     _print_warnings(report.warnings, report.guard)
     if json_path is not None:
-        emit_json(report.to_dict(), json_path)
+        emit_json(report.to_dict(), json_path, force)
     if not options.to_stdout(json_path):
         console.print(_table(report))
 
@@ -163,7 +163,7 @@ def _quantize_draft(checkpoint, out, fmt, lm_head, qkv, engine, force, revision,
                             force=force, revision=revision, calibration=calibration, guard=guard)
     _print_warnings(report.warnings, report.guard)
     if json_path is not None:
-        emit_json(report.to_dict(), json_path)
+        emit_json(report.to_dict(), json_path, force)
     if not options.to_stdout(json_path):
         table = Table(title=Text(f"dspark quantize --scope draft → {report.output}"), show_header=False,
                       title_justify="left")

@@ -166,9 +166,10 @@ def sentence(text: str) -> str:
     return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
-def emit_json(document: Any, path: Path | str | None = None) -> None:
-    """Write `document` as JSON to stdout (path None or '-') or atomically to a file (checked beforehand with
-    runtime.files.check_output_file)."""
+def emit_json(document: Any, path: Path | str | None = None, force: bool = False) -> None:
+    """Write `document` as JSON to stdout (path None or '-') or to a file: written beside it and renamed into place,
+    exclusively unless `force` (a file that exists, or appears meanwhile, is never replaced without it). The path
+    is checked before any work with outputs.check_output_files(..., force), which refuses an existing file."""
     text = json.dumps(document, indent=2, default=_json_default) + "\n"
     if path is None or str(path) == "-":
         sys.stdout.write(text)
@@ -176,7 +177,7 @@ def emit_json(document: Any, path: Path | str | None = None) -> None:
         return
     from dspark_cli.runtime.io.outputs import atomic_write_text
 
-    atomic_write_text(Path(path), text)
+    atomic_write_text(Path(path).expanduser(), text, replace=force)
 
 
 def _json_default(value: Any) -> Any:

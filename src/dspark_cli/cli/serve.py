@@ -54,8 +54,8 @@ def serve(
                                 "(docs/engines.md).") = "vllm",
     calibration: options.calibration("STS temperatures of `dspark calibrate`, handed to SGLang or TensorRT-LLM "
                                      "(their confidence head's calibration).") = None,
-    force: options.force("Replace an existing engine config file beside the --json file (TensorRT-LLM's "
-                         "dspark-trtllm.yaml).") = False,
+    force: options.force("Replace an existing --json file, and an existing engine config file beside it "
+                         "(TensorRT-LLM's dspark-trtllm.yaml).") = False,
     vllm_args: Optional[list[str]] = typer.Argument(None, metavar="ENGINE_ARGS",
                                                     help="Extra arguments for the engine's command, after `--`."),
 ) -> None:
@@ -63,11 +63,11 @@ def serve(
     from dspark_cli.runtime.engines import engine
     from dspark_cli.runtime.engines.seam import DraftRefused, ServeRequest
     from dspark_cli.runtime.engines.vllm import exec_vllm, find_vllm
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
 
     inputs = (local_inputs("target", [target]) + local_inputs("draft", [draft])
               + local_inputs("--from-plan file", [from_plan]) + local_inputs("--calibration file", [calibration]))
-    check_output_file(json_path, inputs, "--json file")
+    check_output_files([("--json file", json_path)], inputs, force)
     fields = {} if from_plan is None else plan_fields(from_plan, engine_name)
     block_size, threshold = plan_settings(fields, from_plan, block_size)
     chosen = engine(engine_name)
@@ -75,7 +75,7 @@ def serve(
         refuse_draft_options(from_plan, draft_topk=draft_topk, draft_sample_method=draft_sample_method,
                              calibration=calibration)
         serve_plain(chosen, ServeRequest(target=target, draft=draft, port=port, engine_args=tuple(vllm_args or ())),
-                    fields["reason"], dry_run, json_path)
+                    fields["reason"], dry_run, json_path, force)
         return
     try:
         request = ServeRequest(target=target, draft=draft, block_size=block_size, draft_topk=draft_topk,
@@ -86,7 +86,7 @@ def serve(
         plan = chosen.plan(request)
     except DraftRefused as refused:
         if json_path is not None:
-            render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code}, json_path)
+            render.emit_json({**refusal_document(refused.report), "exit_code": refused.exit_code}, json_path, force)
         if not options.to_stdout(json_path):
             print_refusal(refused.findings)
         raise
@@ -94,18 +94,18 @@ def serve(
         code = getattr(error, "code", None)  # a CheckpointError's DSP5xx code, printed as validate prints it
         if json_path is not None:
             render.emit_json({"exit_code": error.exit_code, "error": {"code": code, "message": error.message}},
-                             json_path)
+                             json_path, force)
         if code:
             raise DsparkError(f"{code} {error.message}", error.exit_code) from None
         raise from_plan_worded(error, from_plan) from None
     writes_files = not (dry_run and json_path is None) and not options.to_stdout(json_path)
     if writes_files:
-        written = [] if json_path is None else [("--json file", json_path)]  # written first, existing or not
+        written = [] if json_path is None else [("--json file", json_path)]  # written first
         check_side_files(plan, request.files_dir, inputs + written, force)
     installed, hint = chosen.installed(), chosen.install_hint
     if json_path is not None:
         extra = {"vllm": find_vllm()} if chosen.name == "vllm" else {"installed": installed}
-        render.emit_json(render.with_flags({**plan.to_dict(), **extra, "exit_code": 0}), json_path)
+        render.emit_json(render.with_flags({**plan.to_dict(), **extra, "exit_code": 0}), json_path, force)
         if options.to_stdout(json_path):
             return
     print_notes(plan)
@@ -218,7 +218,7 @@ def refuse_draft_options(plan: Path, **given) -> None:
                           f"{' and '.join(named)} would be dropped; drop {'it' if len(named) == 1 else 'them'}.")
 
 
-def serve_plain(chosen, request, reason: str, dry_run: bool, json_path: Path | None) -> None:
+def serve_plain(chosen, request, reason: str, dry_run: bool, json_path: Path | None, force: bool) -> None:
     """The plan says speculation does not pay here: the engine's command for the target alone, and why."""
     from dspark_cli.errors import EXIT_BAD_INPUT, DsparkError
     from dspark_cli.runtime.engines.vllm import exec_vllm
@@ -229,7 +229,7 @@ def serve_plain(chosen, request, reason: str, dry_run: bool, json_path: Path | N
     command = shlex.join(argv)
     if json_path is not None:
         render.emit_json({"engine": chosen.name, "speculate": False, "reason": reason, "argv": argv,
-                          "command": command, "exit_code": 0}, json_path)
+                          "command": command, "exit_code": 0}, json_path, force)
         if options.to_stdout(json_path):
             return
     render.err_console.print(f"[bold yellow]plain decoding:[/] {escape(render.name_flags(reason))}; the plan's "

@@ -47,17 +47,18 @@ def validate(
                                "is an error (DSP608)."),
     device: options.device() = "auto",
     json_path: options.json_path("the findings (also when CHECKPOINT cannot be read)") = None,
+    force: options.force("Replace an existing --json file.") = False,
     engine: options.engine("Engine to judge the draft for: vllm (default), sglang, trtllm, llamacpp, or all (a verdict per "
                            "engine; docs/engines.md).", choices=(*options.ENGINE_NAMES, "all")) = "vllm",
 ) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint.read import CheckpointError, open_checkpoint, read_target_config
-    from dspark_cli.runtime.io.outputs import check_output_file, local_inputs
+    from dspark_cli.runtime.io.outputs import check_output_files, local_inputs
     from dspark_cli.runtime.io.paths import require_utf8_path
     from dspark_cli.runtime.checkpoint.rules import validate_checkpoint
 
-    check_output_file(json_path, local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]),
-                      "--json file")
+    check_output_files([("--json file", json_path)],
+                       local_inputs("checkpoint", [checkpoint]) + local_inputs("target", [target]), force)
     if probe and not target:
         raise DsparkError("the probe decodes with the pair, so it needs the target option.")
     from dspark_cli.runtime.checkpoint.gguf_read import is_gguf
@@ -66,7 +67,7 @@ def validate(
         if probe or engine not in ("vllm", "llamacpp"):
             raise DsparkError("a .gguf draft is judged for llama.cpp only and dspark cannot decode with it; leave out "
                               "the probe and engine options, or validate the draft's folder.")
-        validate_gguf_file(checkpoint, target, deep, strict, json_path)
+        validate_gguf_file(checkpoint, target, deep, strict, json_path, force)
     if deep:  # only --deep opens tensors with the safetensors library; headers are read by dspark itself
         require_utf8_path(checkpoint, "CHECKPOINT")
     try:
@@ -76,7 +77,7 @@ def validate(
     except CheckpointError as error:
         if json_path is not None:
             render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
-                              "error": {"code": error.code, "message": error.message}}, json_path)
+                              "error": {"code": error.code, "message": error.message}}, json_path, force)
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     probed = run_probe(report, target, checkpoint, device) if probe else None
     exit_code = report.exit_code(strict)
@@ -90,13 +91,14 @@ def validate(
             document["engines"] = {v.engine: render.with_flags(v.to_dict()) for v in verdicts}
         if probed is not None:
             document["probe"] = probed.to_dict()
-        render.emit_json({**document, "strict": strict, "exit_code": exit_code}, json_path)
+        render.emit_json({**document, "strict": strict, "exit_code": exit_code}, json_path, force)
     if not options.to_stdout(json_path):
         print_report(report, strict, exit_code, verdicts, probed)
     raise typer.Exit(exit_code)
 
 
-def validate_gguf_file(checkpoint: str, target: Optional[str], deep: bool, strict: bool, json_path) -> None:
+def validate_gguf_file(checkpoint: str, target: Optional[str], deep: bool, strict: bool, json_path,
+                       force: bool) -> None:
     """A llama.cpp draft GGUF: the GGUF rules (rules/gguf.py), the same report, JSON and exit codes as a folder's."""
     from dspark_cli.errors import DsparkError
     from dspark_cli.runtime.checkpoint.read import CheckpointError
@@ -107,11 +109,12 @@ def validate_gguf_file(checkpoint: str, target: Optional[str], deep: bool, stric
     except CheckpointError as error:
         if json_path is not None:
             render.emit_json({"checkpoint": checkpoint, "exit_code": error.exit_code,
-                              "error": {"code": error.code, "message": error.message}}, json_path)
+                              "error": {"code": error.code, "message": error.message}}, json_path, force)
         raise DsparkError(f"{error.code} {error.message}", error.exit_code) from None
     exit_code = report.exit_code(strict)
     if json_path is not None:
-        render.emit_json({**render.with_flags(report.to_dict()), "strict": strict, "exit_code": exit_code}, json_path)
+        render.emit_json({**render.with_flags(report.to_dict()), "strict": strict, "exit_code": exit_code}, json_path,
+                         force)
     if not options.to_stdout(json_path):
         print_report(report, strict, exit_code)
     raise typer.Exit(exit_code)

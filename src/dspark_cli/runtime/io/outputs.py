@@ -6,7 +6,8 @@ Every command that writes goes through this module:
     checked before any long run; `check_output_files`: one command's files, each also against the others, and
     for a command that writes exclusively an existing file refused unless `force`;
   - `write_output_file`: such a command's file, published exclusively (`atomic_output_file`);
-  - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one;
+  - `atomic_write_bytes` / `atomic_write_text`: readers see the old file or the whole new one; with
+    `replace=False` (a --json report without --force) an existing file, or one that appears meanwhile, is refused;
   - `atomic_output_dir`: a temporary folder beside OUT, renamed onto OUT only if OUT still does not exist
     (renameat2 RENAME_NOREPLACE on Linux) unless `force`; removed on any error, Ctrl-C or SIGTERM;
   - `record_written` / `written_outputs`: the outputs a command has put in place, so that a later error or an
@@ -125,8 +126,7 @@ def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: I
         if path is None or os.fspath(path) == "-":
             continue
         if force is False and os.path.lexists(os.path.expanduser(os.fspath(path))):
-            raise DsparkError(f"{what} {path} already exists; choose another file or pass the force option to "
-                              "replace it.")
+            raise DsparkError(exists_sentence(path, what))
         earlier.append((what, path))
 
 
@@ -200,12 +200,16 @@ def is_full_or_read_only(error: BaseException) -> bool:
 # --- atomic files --------------------------------------------------------------------------------------------------
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, replace: bool = True) -> None:
     """Write `data` to `path` so that readers see the old file or the whole new one.
 
-    A replaced file keeps its mode; a new one gets 0666 minus the umask.
+    A replaced file keeps its mode; a new one gets 0666 minus the umask. With `replace` False the file is created
+    exclusively (a command's report without its force option): one that exists, or appears while `data` is being
+    written, is never replaced (DsparkError, the temporary file removed).
     """
     path = Path(path)
+    if not replace and os.path.lexists(path):
+        raise DsparkError(exists_sentence(path))
     existed = path.is_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +221,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish(tmp, path)
     except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -229,8 +236,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     record_written(path)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, replace: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), replace)
+
+
+def exists_sentence(path: PathLike, what: str | None = None) -> str:
+    """The one sentence refusing an output file that exists (the CLI prints the force option as --force)."""
+    named = f"{what} {path}" if what else f"{path}"
+    return f"{named} already exists; choose another file or pass the force option to replace it."
 
 
 # --- atomic, exclusive output folders --------------------------------------------------------------------------------

@@ -205,17 +205,17 @@ class EvalRun:
         doc["results"] = [vars(r) for r in self.results]  # JSON-ready fields; asdict would deep-copy every round
         return doc
 
-    def save(self, path: Path, statistics: dict | None = None) -> None:
-        """Write the run file atomically, one result per line. A finished result never changes, so its line is
-        encoded once and reused by later saves (re-encoding every result at every save made a long run's saving
-        quadratic)."""
+    def save(self, path: Path, statistics: dict | None = None, replace: bool = True) -> None:
+        """Write the run file atomically, one result per line; with `replace` False exclusively (a file that exists
+        is never replaced). A finished result never changes, so its line is encoded once and reused by later saves
+        (re-encoding every result at every save made a long run's saving quadratic)."""
         from dspark_cli.runtime.io.outputs import atomic_write_text
 
         doc = self.to_dict(statistics)
         del doc["results"]
         head = json.dumps(doc, separators=(",", ":"))[:-1]  # the C encoder (no indent) is fast
         body = ",\n".join(self._encoded_results())
-        atomic_write_text(Path(path), f'{head},\n"results":[\n{body}\n]}}\n')
+        atomic_write_text(Path(path), f'{head},\n"results":[\n{body}\n]}}\n', replace)
 
     def _encoded_results(self) -> list[str]:
         """The JSON line of every result, from the cache where the results are the same objects in the same
@@ -255,11 +255,17 @@ class RunSaver:
     every prompt; a run file of hundreds of MB every few seconds). `flush` writes what is still unsaved (on Ctrl-C,
     on a failure); a process killed outright loses at most the prompts of the last interval."""
 
-    def __init__(self, run: EvalRun, path: Path | None):
+    def __init__(self, run: EvalRun, path: Path | None, replace: bool = True):
         self.run, self.path = run, path
+        self.replace = replace  # False until the first save: a new run file is created exclusively (no --force)
         self.unsaved = False
         self.last_cost = 0.0  # seconds the last save took
         self.last_end = 0.0  # time.perf_counter() when it ended
+
+    def _ours(self) -> bool:
+        from dspark_cli.runtime.io.outputs import written_outputs
+
+        return Path(self.path) in written_outputs()
 
     def __call__(self, _result=None) -> None:
         self.unsaved = True
@@ -270,7 +276,10 @@ class RunSaver:
         if self.path is None or not self.unsaved:
             return
         start = time.perf_counter()
-        self.run.save(self.path)
+        try:
+            self.run.save(self.path, replace=self.replace)
+        finally:  # once this run has put its file in place (even if Ctrl-C came right after), later saves replace it
+            self.replace = self.replace or self._ours()
         self.last_end = time.perf_counter()
         self.last_cost = self.last_end - start
         self.unsaved = False
