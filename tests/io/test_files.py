@@ -324,6 +324,27 @@ def test_force_replaces_an_output_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_json_report_appearing_meanwhile_is_never_replaced(tmp_path, monkeypatch):
+    """emit_json without force publishes exclusively: a file that appears after the up-front check (another run) is
+    left as it is and the temporary file removed; with force it is replaced; '-' is stdout."""
+    from dspark_cli.cli.render import emit_json
+
+    if files._renameat2 is None:
+        pytest.skip("needs renameat2: elsewhere the rename is a check, then a rename")
+    path = tmp_path / "report.json"
+    path.write_text("theirs")
+    with pytest.raises(DsparkError, match="already exists"):
+        emit_json({"a": 1}, path)
+    real = os.path.lexists
+    monkeypatch.setattr(files.os.path, "lexists", lambda p: False if Path(p) == path else real(p))
+    with pytest.raises(DsparkError, match="appeared while"):
+        emit_json({"a": 1}, path)  # past the check: the rename itself refuses
+    monkeypatch.undo()
+    assert path.read_text() == "theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    emit_json({"a": 1}, path, force=True)
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
 # --- quantize: only regular files inside the checkpoint, modes kept ------------------------------------------------------
 
 
