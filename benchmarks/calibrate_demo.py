@@ -59,7 +59,8 @@ def held_out_prompts(count: int) -> list[str]:
 def run_eval(work: Path, args) -> Path:
     data, run = work / "heldout_code.jsonl", work / "run.json"
     data.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in held_out_prompts(args.prompts)))
-    eval_args = ["eval", "--data", str(data), "--max-new-tokens", str(args.max_new_tokens), "--json", str(run)]
+    eval_args = ["eval", "--data", str(data), "--max-new-tokens", str(args.max_new_tokens), "--json", str(run),
+                 "--force"]  # a rerun into the same --out folder replaces its run file
     if args.procs > 1:
         command = [shutil.which("torchrun") or "torchrun", "--nproc-per-node", str(args.procs), "-m", "dspark_cli"]
     else:
