@@ -1,6 +1,6 @@
 """DSpark or DFlash2 on the demo target: the comparison of docs/formats-other.md §7.6, from one run.
 
-    python benchmarks/dflash2_vs_dspark.py --dflash2 build/dflash2-demo/draft --runs build/dflash2-demo/eval
+    python benchmarks/dflash2_vs_dspark.py [--dflash2 build/dflash2-demo/draft --runs build/dflash2-demo/eval] [--support]
 
 1. Acceptance: reads the four `dspark eval` run files in RUNS (dspark_T0.json, dspark_T1.json, dflash2_T0.json,
    dflash2_T1.json: the demo's two held-out prompt sets, 128 new tokens each, block 7) and prints τ with its 95%
@@ -9,6 +9,10 @@
    (DFlash2's includes its convolutions) plus its sequential stage (DSpark's Markov walk, DFlash2's selector and its
    walk), the median over ROUNDS rounds at contexts of 100-199 tokens of the standard library's json.decoder source,
    T = 0, float32, and the ratio DFlash2 / DSpark. The target's verify pass is the same for both and left out.
+3. What caps acceptance at T = 1 (`--support`): decoding 12 held-out prompts at T = 1 with each draft, every scored
+   position's acceptance probability sum_x min(p(x), q(x)) next to the target's mass on q's support (DFlash2's q is
+   its selector row, -inf outside the k candidates; DSpark's spans the draft vocabulary), observed around
+   decode/speculative.accept_block (decoding unchanged).
 """
 
 from __future__ import annotations
@@ -71,16 +75,55 @@ def draft_cost(dflash2: Path, rounds: int) -> None:
     print(f"DFlash2 / DSpark draft cost per round: {medians['dflash2'] / medians['dspark']:.2f}x")
 
 
+def support_bound(dflash2: Path, tokens: int = 64) -> None:
+    from dspark_cli.runtime.decode import sampling, speculative
+    from dspark_cli.runtime.measure.evaluation import read_prompt_set
+    from dspark_cli.runtime.pair import Pair
+
+    seen: dict[str, list[float]] = {"first": [], "first_cap": [], "all": [], "all_cap": []}
+    accept_block = speculative.accept_block
+
+    def observed(proposal, drafted, logits, params, generator):
+        n_scored = logits.shape[0] - 1
+        q = proposal.draft_probs[:n_scored]  # [n, V]
+        p = sampling.target_probs(logits, params)[:n_scored]  # [n, V]
+        accept, cap = torch.minimum(p, q).sum(-1), (p * (q > 0)).sum(-1)  # [n], [n]
+        seen["first"].append(float(accept[0]))
+        seen["first_cap"].append(float(cap[0]))
+        seen["all"] += accept.tolist()
+        seen["all_cap"] += cap.tolist()
+        return accept_block(proposal, drafted, logits, params, generator)
+
+    sets = [read_prompt_set(DEMO_DIR / f"eval_{name}.jsonl").prompts[:6] for name in ("prose", "code")]
+    speculative.accept_block = observed
+    try:
+        for name, draft in (("dspark", DEMO_DIR / "draft"), ("dflash2", dflash2)):
+            for values in seen.values():
+                values.clear()
+            pair = Pair.load(DEMO_DIR / "target", draft, device="cpu", dtype="float32", temperature=1.0)
+            for i, prompt in enumerate(sets[0] + sets[1]):
+                pair.generate(prompt, max_new_tokens=tokens, seed=i)
+            mean = {key: statistics.fmean(values) for key, values in seen.items()}
+            print(f"{name} at T = 1: first drafted position: acceptance probability {mean['first']:.3f}, target mass "
+                  f"on q's support {mean['first_cap']:.3f} ({len(seen['first'])} rounds); every scored position: "
+                  f"{mean['all']:.3f} / {mean['all_cap']:.3f}")
+    finally:
+        speculative.accept_block = accept_block
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dflash2", type=Path, default=ROOT / "build" / "dflash2-demo" / "draft")
     parser.add_argument("--runs", type=Path, default=ROOT / "build" / "dflash2-demo" / "eval")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--support", action="store_true", help="also part 3: what caps acceptance at T = 1")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     acceptance(args.runs)
     draft_cost(args.dflash2, args.rounds)
+    if args.support:
+        support_bound(args.dflash2)
 
 
 if __name__ == "__main__":
