@@ -157,3 +157,67 @@ def test_nvfp4_head_is_refused(tmp_path):
     draft = write_draft(tmp_path / "draft", spec, mutate=nvfp4_markov_w2(spec))
     with pytest.raises(DsparkError, match="NVFP4"):
         convert_to_gguf(str(draft), tmp_path / "out.gguf", target=str(TARGET))
+
+
+# --- attention: the window keys and the causal flag from DraftConfig.layer_attention (docs/format.md §2.3) ----------
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def _attention_gguf(tmp_path, **config):
+    """A two-layer draft (the demo target's vocabulary) with `config` over its keys, converted; its GGUF keys."""
+    from ckpt_factory import DraftSpec, write_draft
+
+    from dspark_cli.runtime.checkpoint.gguf_read import read_gguf
+
+    draft = write_draft(tmp_path / "draft", DraftSpec(vocab_size=1024, extra_config=config))
+    return read_gguf(convert_to_gguf(str(draft), tmp_path / "d.gguf", target=str(TARGET))["output"]).keys
+
+
+def test_use_swa_beside_sliding_layer_types_keeps_the_named_layers(tmp_path):
+    """vLLM's _resolve_layer_attention: use_swa makes every layer sliding only when layer_types names none, so the
+    full_attention layer stays dense; swa_window_size wins over sliding_window."""
+    keys = _attention_gguf(tmp_path, layer_types=[SLIDING, FULL], sliding_window=16, is_causal=False,
+                           dflash_config={"use_swa": True, "swa_window_size": 8})
+    assert keys["dflash.attention.sliding_window"] == 8
+    assert keys["dflash.attention.sliding_window_pattern"] == [True, False]
+    assert "dflash.attention.causal" not in keys
+
+
+@pytest.mark.parametrize("config, causal", [
+    ({"layer_types": [SLIDING, SLIDING], "sliding_window": 4}, True),  # sliding layers are causal by default
+    ({"is_causal": True}, True),
+    ({"dflash_config": {"causal": True}}, True),
+    ({"is_causal": False, "dflash_config": {"causal": True}}, None),  # is_causal wins
+    ({"layer_types": None, "sliding_window": 4, "dflash_config": {"use_swa": True}}, None),  # MiMo: non-causal
+    ({}, None),  # DeepSpec's dense draft: no key, llama.cpp's default (non-causal)
+])
+def test_the_causal_flag_is_written_for_causal_layers_only(tmp_path, config, causal):
+    """common/speculative.cpp reads `dflash.attention.causal` as a bool ("true"), non-causal when absent."""
+    assert _attention_gguf(tmp_path, **config).get("dflash.attention.causal") is causal
+
+
+def test_layers_of_differing_causality_are_refused(tmp_path):
+    """A causal sliding layer beside a non-causal full one: llama.cpp has one flag for the draft, exit 2, no file."""
+    from ckpt_factory import DraftSpec, write_draft
+
+    draft = write_draft(tmp_path / "draft", DraftSpec(vocab_size=1024, extra_config={
+        "layer_types": [SLIDING, FULL], "sliding_window": 4}))
+    out = tmp_path / "d.gguf"
+    with pytest.raises(DsparkError, match="differ in causality.*one causal flag for all its layers"):
+        convert_to_gguf(str(draft), out, target=str(TARGET))
+    result = CliRunner().invoke(app, ["convert", str(draft), "-o", str(out), "--to", "gguf", "--target", str(TARGET)])
+    assert result.exit_code == 2 and "dflash.attention.causal" in result.output and not out.exists()
+
+
+def test_validate_reports_the_causal_flag(tmp_path):
+    """`dspark validate DRAFT.gguf` resolves causality as llama.cpp reads it: true only for a true bool."""
+    from ckpt_factory import DraftSpec, write_draft
+
+    from dspark_cli.runtime.checkpoint.rules.gguf import validate_gguf
+
+    draft = write_draft(tmp_path / "draft", DraftSpec(vocab_size=1024, extra_config={"is_causal": True}))
+    causal = convert_to_gguf(str(draft), tmp_path / "c.gguf", target=str(TARGET))["output"]
+    dense = convert_to_gguf(str(DRAFT), tmp_path / "d.gguf", target=str(TARGET))["output"]
+    assert validate_gguf(causal).resolved["causal"] is True
+    assert validate_gguf(dense).resolved["causal"] is False

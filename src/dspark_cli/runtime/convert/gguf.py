@@ -10,6 +10,8 @@ What llama.cpp expects was read from its source at b11434:
 - src/models/dflash.cpp, llama_model_dflash::load_arch_tensors: `conf_proj.weight` is [hidden + markov_rank, 1]
   (the confidence head must read the Markov state), `markov_w2` has at most a per-tensor `.scale` (no NVFP4 block
   scales), `output.weight` is optional (a full-vocabulary draft without one uses its token embeddings).
+- common/speculative.cpp, the draft-dflash constructor: `dflash.attention.causal`, one bool for the whole draft
+  (non-causal when absent); nothing selects causality per layer.
 The draft's tensors are carried exactly: matrices in their own dtype, vectors as F32 (what llama.cpp's converter
 does with 1-D tensors; BF16 and F16 widen to F32 without rounding). A Linear weight `dspark quantize --scope draft`
 stored as ModelOpt NVFP4 or FP8 is written dequantized, as F32 (exact: the value vLLM's kernel and dspark's runtime
@@ -132,19 +134,27 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
         return confidence
     if not config.layer_ids:
         return "its config names no target_layer_ids"
-    if _window_missing(config):
-        return "its layer_types has sliding_attention layers but it names no window size (sliding_window)"
+    attention = attention_refusal(config)
+    if attention:
+        return attention
     if dflash2 is not None:
         return dflash2_gguf.startup_refusal(dflash2, config.hidden_size, config.block_size.value)
     return None
 
 
-def _window_missing(config: DraftConfig) -> bool:
-    types, view = config.vllm_config.get("layer_types"), config.vllm_config
-    dflash = view.get("dflash_config") if isinstance(view.get("dflash_config"), dict) else {}
-    window = dflash.get("swa_window_size") or view.get("sliding_window")
-    sliding = (isinstance(types, list) and "sliding_attention" in types) or bool(dflash.get("use_swa"))
-    return sliding and not (isinstance(window, int) and not isinstance(window, bool) and window > 0)
+def attention_refusal(config: DraftConfig) -> str | None:
+    """Why llama.cpp's dflash model cannot attend as vLLM does (DraftConfig.layer_attention, docs/format.md §2.3):
+    vLLM could not build the layers, or they differ in causality, which llama.cpp reads once for the whole draft
+    (common/speculative.cpp, the draft-dflash constructor: `dflash.attention.causal`); None when it can."""
+    layers = config.layer_attention
+    if layers is None:
+        return ("its layer_types is not one full_attention or sliding_attention entry per layer, or it has sliding "
+                "layers and no window size (sliding_window or dflash_config.swa_window_size)")
+    if len({layer.causal for layer in layers}) > 1:
+        return ("its layers differ in causality (vLLM runs sliding_attention layers causal and full ones "
+                "non-causal unless is_causal or dflash_config.causal says otherwise), and llama.cpp's dflash draft "
+                "has one causal flag for all its layers (dflash.attention.causal)")
+    return None
 
 
 def write_source(writer, ckpt: Checkpoint) -> None:
@@ -155,25 +165,25 @@ def write_source(writer, ckpt: Checkpoint) -> None:
 
 
 def window_keys(config: DraftConfig) -> tuple[int, list[bool]] | None:
-    """The sliding window and which layers use it (config.json's sliding_window or dflash_config.swa_window_size,
-    and layer_types), as llama.cpp's dflash model reads them (src/models/dflash.cpp load_arch_hparams:
-    `dflash.attention.sliding_window`, then `dflash.attention.sliding_window_pattern`, one bool per layer); None for a
-    draft whose layers are all full attention."""
-    view = config.vllm_config
-    types = view.get("layer_types")
-    dflash = view.get("dflash_config") if isinstance(view.get("dflash_config"), dict) else {}
-    if dflash.get("use_swa"):  # vLLM: use_swa makes every layer sliding
-        types = ["sliding_attention"] * config.num_hidden_layers
-    if not isinstance(types, list) or "sliding_attention" not in types:
+    """The sliding window and which layers use it, from DraftConfig.layer_attention (vLLM's resolution), as
+    llama.cpp's dflash model reads them (src/models/dflash.cpp load_arch_hparams: `dflash.attention.sliding_window`,
+    then `dflash.attention.sliding_window_pattern`, one bool per layer); None for a draft whose layers are all full
+    attention."""
+    sliding = [layer.window is not None for layer in config.layer_attention]
+    if not any(sliding):
         return None
-    return int(dflash.get("swa_window_size") or view.get("sliding_window")), [t == "sliding_attention" for t in types]
+    return next(layer.window for layer in config.layer_attention if layer.window is not None), sliding
 
 
-def write_window(writer, config: DraftConfig) -> None:
+def write_attention(writer, config: DraftConfig) -> None:
+    """The window keys, and `dflash.attention.causal` true when the layers are causal (attention_refusal made them
+    all alike); llama.cpp reads the key's absence as non-causal, the DeepSpec default, so nothing is written then."""
     window = window_keys(config)
     if window is not None:
         writer.add_uint32(f"{ARCH}.attention.sliding_window", window[0])
         writer.add_array(f"{ARCH}.attention.sliding_window_pattern", window[1])
+    if config.layer_attention[0].causal:
+        writer.add_bool(f"{ARCH}.attention.causal", True)
 
 
 def llamacpp_target_layers(layer_ids: list[int]) -> list[int]:
@@ -210,7 +220,7 @@ def write_keys(writer, config: DraftConfig, names: dict[str, str], ckpt: Checkpo
     writer.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_array(f"{ARCH}.target_layers", llamacpp_target_layers(config.layer_ids))
     writer.add_array(LAYER_IDS_KEY, list(config.layer_ids))  # DeepSpec's ids: validate checks the +1 against them
-    write_window(writer, config)
+    write_attention(writer, config)
     dflash2 = dflash2_gguf.dflash2_keys(config.raw)
     if dflash2 is None:
         writer.add_bool(f"{ARCH}.sample_from_anchor", config.sample_from_anchor)

@@ -10,7 +10,8 @@ What llama.cpp reads was taken from its source at b11434 (ggml-org/llama.cpp, ta
 - src/llama-model.cpp, llama_model_base::load_hparams: `context_length`, `embedding_length`, `block_count` required.
 - common/speculative.cpp, common_speculative_impl_draft_dflash: `dflash.block_size` read with a default of 16
   (a DFlash draft without it is run at block 16 whatever it was trained at; a DSpark draft's Markov head, in
-  src/models/dflash.cpp, asserts the key and llama-server aborts), the mask token from
+  src/models/dflash.cpp, asserts the key and llama-server aborts), `dflash.attention.causal` (the whole draft
+  causal when "true", non-causal when absent), the mask token from
   `tokenizer.ggml.mask_token_id`, the target layers' inputs extracted with llama_set_embeddings_layer_inp, which
   asserts `id <= n_layer` of the target (src/llama-context.cpp).
 `validate_gguf` runs them on a draft GGUF and, given one, its target (a GGUF or a model folder).
@@ -320,7 +321,9 @@ def resolved(draft: GgufDraft) -> dict:
             "sample_from_anchor": file.key("sample_from_anchor"),
             "mask_token_id": file.keys.get("tokenizer.ggml.mask_token_id"), "tokens": len(draft.vocab),
             "markov_rank": draft.markov_rank, "confidence_head": "conf_proj.weight" in file.tensors,
-            "sliding_window": file.key("attention.sliding_window"), "tensors": len(file.tensors)}
+            "sliding_window": file.key("attention.sliding_window"),
+            "causal": file.key("attention.causal") is True,  # common/speculative.cpp: "true", else non-causal
+            "tensors": len(file.tensors)}
 
 
 def _shape_fix(name: str) -> str:
