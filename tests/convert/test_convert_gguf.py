@@ -221,3 +221,6 @@ def test_validate_reports_the_causal_flag(tmp_path):
     dense = convert_to_gguf(str(DRAFT), tmp_path / "d.gguf", target=str(TARGET))["output"]
     assert validate_gguf(causal).resolved["causal"] is True
     assert validate_gguf(dense).resolved["causal"] is False
+    from dspark_cli.cli.validate import gguf_rows
+
+    assert ("causal", "True (dflash.attention.causal)") in gguf_rows(validate_gguf(causal).resolved)

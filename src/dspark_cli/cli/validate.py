@@ -259,6 +259,7 @@ def gguf_rows(resolved: dict) -> list[tuple[str, str]]:
                           + (f" = target_layer_ids {ids}" if ids is not None else "")),
         ("block size", str(resolved["block_size"])),
         ("sample_from_anchor", str(resolved["sample_from_anchor"])),
+        ("causal", f"{resolved['causal']} (dflash.attention.causal)"),
         ("mask token", str(resolved["mask_token_id"])),
         ("vocab", f"{resolved['tokens']} tokens"),
         ("markov head", f"rank {resolved['markov_rank']}" if resolved["markov_rank"] else "none"),
