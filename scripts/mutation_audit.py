@@ -10,7 +10,7 @@ heads (B1-B3), the bugs a later audit found the suite let pass (H1-H13), and the
 contract's, regen's and bench serve's (N1-N9), the Gated DeltaNet score pass's and the stateful rollback's
 position count (G1-G5), the demo-large pair's inert weights (L1-L4) and whether speculation pays: the engine cost
 model and plan's verdict (P1-P4), DFlash2 drafts handed to the engines (Y1-), DFlash2's convolution, selector, walk, training, settings and reports (F1-F12), quantized GGUFs with the acceptance guard and quantize's FP8, runtime guard and default layers (Q1-Q21), and validate on
-GGUF files, the silent-degradation rules and the probe (R1-R7), bench audit's check of a live engine (X1-X5), sliding-window draft layers (Z1-Z9) and convert's window and causal keys (V3-V7).
+GGUF files, the silent-degradation rules and the probe (R1-R7), bench audit's check of a live engine (X1-X5), sliding-window draft layers (Z1-Z9) and convert's window and causal keys and llama.cpp's causality verdict (V3-V8).
 """
 
 from __future__ import annotations
@@ -552,7 +552,7 @@ MUTATIONS = [
       "test_layer_attention.py::test_a_window_wider_than_the_block_reaches_gives_the_unwindowed_result"),
     m("Z9", "the window ignored in the mask", "model/layers.py",
       [('bound = float("inf") if rule.window is None else rule.window', 'bound = float("inf")')], "test_layer_attention.py::test_one_layer_equals_the_masked_softmax_of_the_formula"),
-    # convert's window and causal keys from DraftConfig.layer_attention (V3-V7)
+    # convert's window and causal keys from DraftConfig.layer_attention, llama.cpp's causality verdict (V3-V8)
     m("V3", "convert marks every layer sliding when any is (the old use_swa rule)", "convert/gguf.py",
       [("sliding = [layer.window is not None for layer in config.layer_attention]",
         "sliding = [any(layer.window is not None for layer in config.layer_attention)] * len(config.layer_attention)")],
@@ -572,6 +572,9 @@ MUTATIONS = [
       "checkpoint/rules/gguf.py",
       [('"causal": file.key("attention.causal") is True,', '"causal": file.key("attention.causal"),')],
       "test_convert_gguf.py::test_validate_reports_the_causal_flag"),
+    m("V8", "validate --engine llamacpp passes layers of differing causality that convert refuses", "engines/llamacpp.py",
+      [('    causality = causality_refusal(config)\n    if causality:', '    causality = None\n    if causality:')],
+      "test_engine_loads.py::test_llamacpp_verdict_and_the_gguf_converter_apply_one_causality_rule"),
     # quantize --format fp8 and the runtime acceptance guard (Q15-Q20)
     m("Q15", "FP8 scales amax / 240 (E4M3FNUZ's range) instead of amax / 448", "../kernels/fp8.py",
       [("return float(torch.tensor(amax, dtype=torch.float32) / FP8_MAX)",

@@ -84,6 +84,22 @@ def test_llamacpp_verdict_and_the_gguf_converter_apply_one_confidence_rule(root,
         assert shown.exit_code == 1 and "DSP724" in shown.output
 
 
+@pytest.mark.parametrize("attention, refused", [
+    ({}, False),
+    ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, True),
+    ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4, "is_causal": True}, False),
+    ({"dflash_config": {"use_swa": True, "swa_window_size": 4}}, False),
+], ids=["dense", "sliding-and-full", "all-causal", "all-sliding"])
+def test_llamacpp_verdict_and_the_gguf_converter_apply_one_causality_rule(root, tmp_path, attention, refused):
+    """validate --engine llamacpp refuses (DSP727) exactly the drafts convert --to gguf refuses for causality: layers
+    that vLLM runs with different causality, where llama.cpp has one flag for the draft."""
+    draft = write_draft(tmp_path / "draft", S.with_(extra_config={**S.extra_config, **attention}))
+    assert ("DSP727" in refused_codes(draft, root / "target")["llamacpp"]) == refused
+    result = runner.invoke(app, ["convert", str(draft), "--to", "gguf", "--target", str(root / "target"),
+                                 "-o", str(tmp_path / "draft.gguf")])
+    assert ("differ in causality" in " ".join(result.output.split())) == refused
+
+
 def test_llamacpp_serve_refuses_what_llama_server_would_drop_or_fail_on(root, tmp_path):
     """A threshold for a draft without a confidence head (llama-server cannot start speculation and serves
     without the draft), an STS file, a draft top-k and a draft sample method it has no setting for."""

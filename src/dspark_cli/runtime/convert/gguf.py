@@ -145,16 +145,12 @@ def unfaithful_reason(config: DraftConfig, ckpt: Checkpoint) -> str | None:
 def attention_refusal(config: DraftConfig) -> str | None:
     """Why llama.cpp's dflash model cannot attend as vLLM does (DraftConfig.layer_attention, docs/format.md §2.3):
     vLLM could not build the layers, or they differ in causality, which llama.cpp reads once for the whole draft
-    (common/speculative.cpp, the draft-dflash constructor: `dflash.attention.causal`); None when it can."""
+    (engines/llamacpp.causality_refusal, validate's DSP727); None when it can."""
     layers = config.layer_attention
     if layers is None:
         return ("its layer_types is not one full_attention or sliding_attention entry per layer, or it has sliding "
                 "layers and no window size (sliding_window or dflash_config.swa_window_size)")
-    if len({layer.causal for layer in layers}) > 1:
-        return ("its layers differ in causality (vLLM runs sliding_attention layers causal and full ones "
-                "non-causal unless is_causal or dflash_config.causal says otherwise), and llama.cpp's dflash draft "
-                "has one causal flag for all its layers (dflash.attention.causal)")
-    return None
+    return llamacpp.causality_refusal(config)  # the verdict's DSP727
 
 
 def write_source(writer, ckpt: Checkpoint) -> None:

@@ -145,10 +145,25 @@ def gguf_beside(folder: str, role: str) -> str:
     return str(path.resolve().with_name(path.resolve().name + ".gguf"))
 
 
+def causality_refusal(config: DraftConfig) -> str | None:
+    """Why llama.cpp's dflash draft cannot attend with this draft's causality, or None: vLLM gives each layer its own
+    (DraftConfig.layer_attention: sliding_attention layers causal, full ones not, unless is_causal or
+    dflash_config.causal says otherwise) and llama.cpp reads one flag for the whole draft (common/speculative.cpp,
+    `dflash.attention.causal`). `dspark convert --to gguf` refuses such a draft with this reason and
+    `validate --engine llamacpp` with DSP727: the one rule of both."""
+    layers = config.layer_attention
+    if layers is not None and len({layer.causal for layer in layers}) > 1:
+        return ("its layers differ in causality (vLLM runs sliding_attention layers causal and full ones "
+                "non-causal unless is_causal or dflash_config.causal says otherwise), and llama.cpp's dflash draft "
+                "has one causal flag for all its layers (dflash.attention.causal)")
+    return None
+
+
 def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]]:
-    """llama.cpp's own refusals beyond validate's codes (DSP721-DSP724): other backbones than Qwen3 (speculative.md
-    of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov head, a
-    confidence head its conf_proj cannot hold (`conf_proj_refusal`, the converter's rule)."""
+    """llama.cpp's own refusals beyond validate's codes (DSP721-DSP724, DSP727): other backbones than Qwen3
+    (speculative.md of llama.cpp's docs), a quantized markov_w2 (dflash.cpp reads no NVFP4 block scales), no Markov
+    head, a confidence head its conf_proj cannot hold (`conf_proj_refusal`), layers of differing causality
+    (`causality_refusal`); the last two are the converter's own rules."""
     findings = []
     if config.family not in FAMILIES:
         findings.append(engine_finding("DSP721", f"this is a {config.family_title} draft."))
@@ -160,6 +175,9 @@ def rules(config: DraftConfig, report: Report) -> tuple[list[Finding], list[str]
     confidence = conf_proj_refusal(config, config.enable_confidence_head)
     if confidence:
         findings.append(engine_finding("DSP724", f"{confidence}; dspark convert refuses it."))
+    causality = causality_refusal(config)
+    if causality:
+        findings.append(engine_finding("DSP727", f"{causality}; dspark convert refuses it."))
     notes = ["llama.cpp loads GGUF files: the draft and a Qwen3 or Qwen2 target through dspark convert, another "
              "target through llama.cpp's own converter (docs/convert.md)."]
     if config.enable_confidence_head:

@@ -170,6 +170,9 @@ ENGINE_CODES: dict[str, tuple[str, str, str]] = {
     "DSP724": ("llama.cpp", "confidence head reading the hidden state alone (llama.cpp's conf_proj reads the hidden "
                "and the Markov state; dspark convert refuses it)", "train the confidence head with "
                "confidence_head_with_markov (dspark train's default), or serve with vLLM"),
+    "DSP727": ("llama.cpp", "draft layers differing in causality (llama.cpp reads one dflash.attention.causal flag for "
+               "the whole draft; dspark convert refuses it)", "set is_causal (or dflash_config.causal) so that every "
+               "layer is alike, or serve with vLLM"),
     "DSP725": ("SGLang", "Markov head type SGLang does not build (vanilla, gated, rnn), or none where SGLang reads "
                "markov_head_type", "write markov_head_type (vanilla, gated or rnn) at the top level of config.json, "
                "as DeepSpec does"),
