@@ -154,3 +154,19 @@ def test_the_readme_example_runs_on_the_demo_pair():
     assert pair.decode(result.tokens) in printed.getvalue() and len(result.tokens) == 48
     assert result.tokens == pair.baseline("def read_config(path):\n", max_new_tokens=48).tokens
     assert len(result.stats.rounds) < 48 / 2  # the demo draft is accepted often
+
+
+def test_with_draft_reuses_the_loaded_target_and_keeps_the_settings(pair_dirs, tmp_path):
+    """A second draft beside the same loaded target (the quantize guard's two drafts): only the draft is read, the
+    requested settings carry over, and a draft reading other target layers is refused."""
+    target, draft = pair_dirs
+    first = Pair.load(target, draft, device="cpu", dtype="float32", temperature=0.0, block_size=4)
+    other = bigram_draft(tmp_path / "other", SPEC, target, w2_noise=0.5)
+    second = first.with_draft(other)
+    assert second.target is first.target and second.draft is not first.draft
+    assert second.block_size == 4 and second.checked.draft_source == str(other)
+    prompt = "ab"
+    assert second.generate(prompt, max_new_tokens=12).tokens == first.baseline(prompt, max_new_tokens=12).tokens
+    shifted = bigram_draft(tmp_path / "shifted", SPEC.with_(target_layer_ids=[0]), target)
+    with pytest.raises(DsparkError, match="other target layers"):
+        first.with_draft(shifted)

@@ -223,14 +223,16 @@ class CheckedPair:
         """DsparkError when the longest prompt plus max_new_tokens exceeds the target's context."""
         check_context(prompt_lengths, max_new_tokens, context_limit(self.target_config), self.target_source)
 
-    def load(self, progress: bool = True) -> "Pair":
-        """Read the weights: the target (with hidden-state capture) and the draft sharing its embedding / head."""
+    def load(self, progress: bool = True, target=None) -> "Pair":
+        """Read the weights: the target (with hidden-state capture) and the draft sharing its embedding / head.
+        `target`: an already loaded TargetModel of this target capturing the draft's hidden states (Pair.with_draft)."""
         from dspark_cli.runtime.model.draft_io import load_draft
         from dspark_cli.runtime.model.target import TargetModel
 
         indices = self.draft_config.hidden_state_indices
         with _progress_bars(progress):
-            target = TargetModel.load(self.target_source, indices, dtype=self.dtype, device=self.device)
+            if target is None:
+                target = TargetModel.load(self.target_source, indices, dtype=self.dtype, device=self.device)
             draft = load_draft(self.checkpoint, target_embed=target.embed_weight,
                                target_lm_head=target.lm_head_weight, dtype=self.dtype, device=self.device)
         warnings = list(self.warnings)
@@ -304,6 +306,19 @@ class Pair:
     def load(cls, target: str | Path | None = None, draft: str | Path | None = None, **options) -> "Pair":
         """Pair.check(target, draft, **options).load(): checked, then loaded (see Pair.check for the options)."""
         return cls.check(target, draft, **options).load()
+
+    def with_draft(self, draft: str | Path) -> "Pair":
+        """This pair's loaded target with another draft, checked against it as Pair.check does, with the same
+        device, dtype and requested settings; only the draft's weights are read. The new draft must capture the same
+        target hidden states (else load a new pair)."""
+        checked = Pair.check(self.checked.target_source, draft, device=str(self.device),
+                             dtype=str(self.checked.dtype).removeprefix("torch."),
+                             temperatures=self.checked.settings.verify.temperatures,
+                             **self.checked.settings.requested.to_dict())
+        if list(checked.draft_config.hidden_state_indices) != self.target.capture_indices:
+            raise DsparkError(f"the draft {draft} reads other target layers than {self.checked.draft_source}; load "
+                              "it as a pair of its own.")
+        return checked.load(progress=False, target=self.target)
 
     # --- what the check resolved ---
 

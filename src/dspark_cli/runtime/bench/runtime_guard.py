@@ -26,18 +26,20 @@ def runtime_guard(target: str, prompts: Sequence[str], max_tau_drop: float, *, r
     settings = GuardSettings(Path(target), (), tuple(prompts), max_tau_drop, refuse=refuse, max_tokens=max_tokens)
 
     def check(unquantized: Path, quantized: Path) -> dict:
-        reference = measure_draft(target, unquantized, settings, "unquantized")
-        measured = measure_draft(target, quantized, settings, "quantized")
+        from dspark_cli.runtime.pair import Pair
+
+        pair = Pair.check(target, str(unquantized), device="cpu", dtype="float32", temperature=0.0).load(
+            progress=False)
+        reference = measure_draft(pair, settings, "unquantized")
+        measured = measure_draft(pair.with_draft(quantized), settings, "quantized")  # the same target, loaded once
         return judge(reference, measured, settings)
 
     return check
 
 
-def measure_draft(target: str, draft: Path, settings: GuardSettings, label: str) -> PairFigures:
-    """The prompts through dspark's runtime with `draft`: per prompt its rounds, drafted and accepted tokens."""
-    from dspark_cli.runtime.pair import Pair
-
-    pair = Pair.check(target, str(draft), device="cpu", dtype="float32", temperature=0.0).load(progress=False)
+def measure_draft(pair, settings: GuardSettings, label: str) -> PairFigures:
+    """The prompts through dspark's runtime with the loaded `pair`: per prompt its rounds, drafted and accepted
+    tokens."""
     figures = PairFigures(label)
     for prompt in settings.prompts:
         stats = pair.generate(prompt, max_new_tokens=settings.max_tokens).stats

@@ -154,8 +154,9 @@ def _load_fp8_linear(model: DSparkDraft, params, module: str, parts: dict[str, t
                           f"{list(params[name].shape)}; run `dspark validate` on it.")
     with torch.no_grad():
         params[name].copy_(dense.to(dtype))
+    on_device = input_scale.to(params[name].device)  # once here, not on every call
     model.get_submodule(module).register_forward_pre_hook(
-        lambda _, args: (fake_quantize_fp8(args[0], input_scale.to(args[0].device)), *args[1:]))
+        lambda _, args: (fake_quantize_fp8(args[0], on_device), *args[1:]))
 
 
 def share_from_target(model: DSparkDraft, names, name: str, weight: torch.Tensor | None, source: str,

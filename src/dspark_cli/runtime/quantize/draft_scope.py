@@ -9,9 +9,9 @@ formats, in the MIXED_PRECISION layout `--scope markov` already writes for marko
 
 Quantized: o_proj, gate/up/down of every layer and fc; q/k/v and the lm_head only when asked (vLLM multiplies the
 stored q/k/v weights densely for the context K/V and builds the draft's lm_head unquantized, so it refuses both:
-validate's DSP731 / DSP732). Never norms, embeddings, the Markov head or the confidence head. The shards of a fused vLLM layer (q/k/v, gate/up) are
-quantized together so they share one scale (NVFP4's weight_scale_2, FP8's weight_scale and input_scale), as
-ModelOpt's export makes them (vLLM keeps one scale per fused layer). Every tensor is written to one
+validate's DSP731 / DSP732). Never norms, embeddings, the Markov head or the confidence head. The shards of a
+fused vLLM layer (q/k/v, gate/up) are quantized together so they share one scale (NVFP4's weight_scale_2, FP8's
+weight_scale and input_scale), as ModelOpt's export makes them (vLLM keeps one scale per fused layer). Every tensor is written to one
 model.safetensors, every other file copied. The folder is validated before the rename (no error may remain), then
 optionally put through the acceptance guard (bench/runtime_guard.py), and published atomically.
 """
@@ -37,6 +37,7 @@ from dspark_cli.runtime.io.outputs import atomic_output_dir
 from dspark_cli.kernels import fp8
 from dspark_cli.runtime.quantize.write import (
     ENGINES,
+    MODELOPT_MISSING,
     PRODUCER,
     _check_output_folder,
     _copy_with_mode,
@@ -122,10 +123,10 @@ def quantize_draft(
     report.warnings += _engine_warnings(qkv, lm_head)
     for names in groups:
         originals = [tensors[name] for name in names]
-        new_tensors = (_nvfp4_group(names, originals, engine) if fmt == "nvfp4"
-                       else _fp8_group(names, originals, engine, max(amax[name] for name in names)))
-        for name, original in zip(names, originals):
-            error = _relative_error(original, new_tensors.pop(f"{name}:dequantized"))
+        new_tensors, dequantized = (_nvfp4_group(names, originals, engine) if fmt == "nvfp4"
+                                    else _fp8_group(names, originals, engine, max(amax[name] for name in names)))
+        for name, original, approx in zip(names, originals, dequantized):
+            error = _relative_error(original, approx)
             if error >= report.worst_relative_frobenius_error:
                 report.worst_relative_frobenius_error, report.worst_layer = error, name
             report.bytes_before += original.numel() * original.element_size()
@@ -156,39 +157,40 @@ def _engine_warnings(qkv: bool, lm_head: bool) -> list[str]:
     return out
 
 
-def _nvfp4_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: str) -> dict[str, torch.Tensor]:
-    """The group's NVFP4 tensors (one shared weight_scale_2), plus `name:dequantized` for the error figures."""
-    out = {}
+def _nvfp4_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: str
+                 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The group's NVFP4 tensors (one shared weight_scale_2), and each weight dequantized for the error figures."""
+    out, dequantized = {}, []
     for name, weight in zip(names, _quantize_together(weights, engine)):
         module = name.removesuffix(".weight")
         out[name] = weight.packed  # uint8 [N, K/2]
         out[f"{module}.weight_scale"] = weight.scale  # float8_e4m3fn [N, K/16]
         out[f"{module}.weight_scale_2"] = weight.global_scale.reshape(())  # float32 []
-        out[f"{name}:dequantized"] = dequantize_nvfp4(weight, torch.float32)  # [N, K]
-    return out
+        dequantized.append(dequantize_nvfp4(weight, torch.float32))  # [N, K]
+    return out, dequantized
 
 
 def _fp8_group(names: tuple[str, ...], weights: list[torch.Tensor], engine: str,
-               input_amax: float) -> dict[str, torch.Tensor]:
-    """The group's FP8 tensors: one weight_scale from the joint amax, one input_scale from the calibrated amax."""
+               input_amax: float) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The group's FP8 tensors (one weight_scale from the joint amax, one input_scale from the calibrated amax), and
+    each weight dequantized for the error figures."""
     quantize = fp8.quantize_fp8 if engine == "torch" else fp8.quantize_fp8_modelopt
     scale = fp8.fp8_scale(max(float(w.float().abs().max()) for w in weights))
     input_scale = torch.tensor(fp8.fp8_scale(input_amax), dtype=torch.float32)  # []
-    out = {}
+    out, dequantized = {}, []
     for name, weight in zip(names, weights):
         module = name.removesuffix(".weight")
         try:
             quantized = quantize(weight, scale)
         except ImportError:
-            raise DsparkError("the engine option modelopt needs nvidia-modelopt (pip install nvidia-modelopt "
-                              "requests); or pass the engine option torch, which gives bit-identical output.") from None
+            raise DsparkError(MODELOPT_MISSING) from None
         except ValueError as error:
             raise DsparkError(f"{name} cannot be quantized: {error}.") from None
         out[name] = quantized.data  # float8_e4m3fn [N, K]
         out[f"{module}.weight_scale"] = quantized.scale.reshape(())  # float32 []
         out[f"{module}.input_scale"] = input_scale.clone()  # float32 []
-        out[f"{name}:dequantized"] = fp8.dequantize_fp8(quantized)
-    return out
+        dequantized.append(fp8.dequantize_fp8(quantized))  # [N, K]
+    return out, dequantized
 
 
 def _relative_error(original: torch.Tensor, dequantized: torch.Tensor) -> float:

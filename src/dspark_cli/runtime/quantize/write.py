@@ -61,6 +61,8 @@ from dspark_cli.runtime.quantize.verify import verify_quantized_output
 # NVFP4QTensor.quantize both engines are bit-identical to.
 PRODUCER = {"name": "modelopt", "version": "0.47.0"}
 ENGINES = ("modelopt", "torch")
+MODELOPT_MISSING = ("the engine option modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); or pass "
+                    "the engine option torch, which gives bit-identical output.")
 DEFAULT_SAMPLE_ROWS = 128  # ~0.3 s of CPU for Vd = 151936, r = 256; more rows: --sample-rows
 TOP_K_OVERLAP = 16
 _BIAS_CHUNK_ROWS = 64  # previous tokens per bias matmul: [64, Vd] fp32 is 39 MB for Vd = 151936
@@ -289,10 +291,7 @@ def _quantize(w2: torch.Tensor, engine: str) -> NVFP4Weight:
             warnings.filterwarnings("ignore", category=UserWarning, module=r"modelopt(\.|$)")
             return nvfp4.quantize_nvfp4_modelopt(w2)
     except ImportError:
-        raise DsparkError(
-            "the engine option modelopt needs nvidia-modelopt (pip install nvidia-modelopt requests); "
-            "or pass the engine option torch, which gives bit-identical output."
-        ) from None
+        raise DsparkError(MODELOPT_MISSING) from None
     except ValueError as error:
         raise DsparkError(f"{MARKOV_W2} cannot be quantized: {error}.") from None
 
